@@ -1,0 +1,17 @@
+# The two commands of the README. Both set up what they need first (idempotent).
+PY := .venv/bin/python
+NP ?= 2
+SIZES ?= 4K,64K,1M,8M,64M
+
+.PHONY: setup bench test
+setup:
+	@scripts/setup_env.sh
+
+# The main job: multicolor vs ring vs MPI_Allreduce on local ranks; table, JSON and plot.
+bench: setup
+	$(PY) -m mcallreduce.launch -np $(NP) -- $(PY) -m mcallreduce.bench --sizes $(SIZES) \
+	    --json bench-results/bench.json --plot bench-results/bench.png
+
+# The whole test suite.
+test: setup
+	$(PY) -m pytest -q tests

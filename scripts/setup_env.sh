@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything mcallreduce needs on a Debian machine:
+#   Open MPI (Debian packages) -> .venv -> torch 2.13.0 (CPU) + numpy + mpi4py built
+#   against that MPI -> the package itself (editable).
+# A second run with unchanged inputs does nothing: a stamp file records what was done.
+# Usage: scripts/setup_env.sh            (core + test tools)
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+venv="$repo/.venv"
+py="$venv/bin/python"
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+# 1. MPI. Debian's Open MPI; never a pip-installed MPI (mpi4py must link the system one).
+if ! command -v mpicc >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    say "no mpicc on PATH: installing Open MPI from Debian's packages"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+  else
+    echo "mcallreduce needs an MPI with mpicc on PATH. As root run:" >&2
+    echo "  apt-get install openmpi-bin libopenmpi-dev" >&2
+    exit 2
+  fi
+fi
+
+# 2. The virtual environment (ignored by git).
+stamp="$venv/.mcallreduce-setup"
+want=$(cat "$repo/scripts/setup_env.sh" "$repo/setup.py" "$repo"/scripts/requirements-*.txt 2>/dev/null | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import mcallreduce, mpi4py, torch' 2>/dev/null; then
+  exit 0   # already set up with these exact inputs
+fi
+if [ ! -x "$py" ]; then
+  say "creating $venv"
+  python3 -m venv "$venv"
+fi
+pip=("$py" -m pip install --disable-pip-version-check -q)
+
+have() { "$py" - "$1" "$2" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+sys.exit(0 if version(sys.argv[1]).split('+')[0] == sys.argv[2] else 1)
+PY
+}
+
+# 3. torch: the CPU build of 2.13.0 that lies on this disk (2.14 and CUDA builds break Horovod).
+have torch 2.13.0 || { say "installing torch 2.13.0 (CPU)"; "${pip[@]}" torch==2.13.0; }
+# 4. mpi4py compiled from source against the MPI on PATH (same libmpi as Horovod).
+# mpi4py must link the very libmpi that mpicc builds against (Horovod links that one too).
+same_mpi() {
+  local linked system
+  linked=$("$py" -c 'import mpi4py.MPI as M, os; print(os.path.realpath(M.__file__))' 2>/dev/null) || return 1
+  linked=$(ldd "$linked" | awk '/libmpi\.so/ {print $3}' | xargs -r readlink -f)
+  system=$(for d in $(mpicc --showme:libdirs); do readlink -f "$d/libmpi.so"; done 2>/dev/null | head -1)
+  [ -n "$linked" ] && [ "$linked" = "$system" ]
+}
+if ! same_mpi; then
+  say "building mpi4py against $(command -v mpicc)"
+  MPICC=$(command -v mpicc) "${pip[@]}" --no-binary mpi4py --no-cache-dir --force-reinstall --no-deps "mpi4py>=4.0,<5"
+fi
+# 5. Everything else, and the package itself (editable, no dependency resolution surprises).
+"${pip[@]}" "numpy>=1.24,<3" "pytest>=7" "matplotlib>=3.7" "setuptools>=61" wheel packaging
+# Per-area extras (data loading, cluster, ...): one requirements file per area.
+for req in "$repo"/scripts/requirements-*.txt; do
+  [ -f "$req" ] && "${pip[@]}" -r "$req"
+done
+"${pip[@]}" --no-deps --no-build-isolation -e "$repo"
+echo "$want" > "$stamp"
+say "environment ready: $venv"
