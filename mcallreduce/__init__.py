@@ -3,5 +3,21 @@
     import mcallreduce
     mcallreduce.allreduce(buf)                      # in place, sum over COMM_WORLD
     h = mcallreduce.allreduce_async(buf, op="average"); ...; h.wait()
+
+Importing the package does not initialise MPI: the runtime (and mpi4py) load on
+first use, so launchers, the data package and schedule tools stay MPI-free.
 """
 __version__ = "0.1.0"
+
+from .config import Config, ConfigError  # noqa: E402  (pure: no MPI)
+from .errors import MismatchError  # noqa: E402
+
+_RUNTIME = ("allreduce", "allreduce_async", "Handle", "DTYPES", "OPS")
+__all__ = ["Config", "ConfigError", "MismatchError", "__version__", *_RUNTIME]
+
+
+def __getattr__(name):
+    if name in _RUNTIME:
+        from . import runtime
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'mcallreduce' has no attribute {name!r}")

@@ -118,7 +118,9 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     if ns.dry_run:
         print(" ".join(cmd))
         return 0
-    return subprocess.call(cmd)
+    sys.stdout.flush()
+    os.execv(cmd[0], cmd)  # mpirun takes this process's place: signals and exit code go straight through
+    return 127
 
 
 if __name__ == "__main__":

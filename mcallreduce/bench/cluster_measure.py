@@ -1,0 +1,191 @@
+"""Measurements on the emulated cluster: is the shaping right, and what does MPI get?
+
+``check``: raw TCP throughput from host 0 to host 1 on every rail (a plain Python socket
+sender/receiver, bounded in bytes and in time) against the configured rate.
+``allreduce``: MPI_Allreduce bus bandwidth (busbw = size/time * 2(n-1)/n, the figure that a
+bandwidth-optimal allreduce drives to the link rate) with Open MPI's default algorithm or its ring.
+
+The rank-side and socket-side halves run as ``python -m mcallreduce.bench.cluster_measure ...``
+inside the namespaces; the drivers (``check_main``, ``allreduce_main``) are called by the CLI of
+mcallreduce.bench.cluster.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import socket
+import subprocess
+import sys
+import time
+from typing import Optional, Sequence
+
+CHUNK = 1 << 20
+PORT = 5201
+# Open MPI's coll/tuned: force the ring (algorithm 4) instead of its size-based default choice.
+RING_ENV = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}
+
+
+def parse_size(text: str) -> int:
+    """'8M' -> 8 MiB, '64K' -> 64 KiB, '1G' -> 1 GiB, '100' -> 100 bytes."""
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+# ---------------------------------------------------------------- raw TCP (inside namespaces)
+def tcp_receive(port: int, timeout: float) -> dict:
+    """Accept one connection, read to EOF; time from the first byte to the last."""
+    with socket.create_server(("0.0.0.0", port), reuse_port=False) as server:
+        server.settimeout(timeout)
+        print("ready", flush=True)
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(timeout)
+            buf = bytearray(CHUNK)
+            received, first, last = 0, None, None
+            while True:
+                n = conn.recv_into(buf)
+                if n == 0:
+                    break
+                last = time.perf_counter()
+                first = first or last
+                received += n
+    seconds = (last - first) if received else 0.0
+    return {"bytes": received, "seconds": seconds}
+
+
+def tcp_send(host: str, port: int, nbytes: int, seconds: float) -> None:
+    """Send up to ``nbytes`` zero bytes, stopping early after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    chunk = bytes(CHUNK)
+    with socket.create_connection((host, port), timeout=seconds + 5) as conn:
+        sent = 0
+        while sent < nbytes and time.monotonic() < deadline:
+            conn.sendall(chunk[: min(CHUNK, nbytes - sent)])
+            sent += min(CHUNK, nbytes - sent)
+
+
+def measure_tcp(cluster, src: int, dst: int, rail: int, seconds: float) -> float:
+    """MB/s of one TCP stream from host ``src`` to host ``dst`` over ``rail``."""
+    cfg = cluster.config()
+    nbytes = int(min(cfg.rate_bytes_per_s * seconds, 1 << 30))
+    me = [sys.executable, "-m", __name__]
+    receiver = subprocess.Popen(
+        cluster.host_command(dst, me + ["tcp-recv", "--port", str(PORT), "--timeout", str(seconds + 10)]),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if receiver.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"TCP receiver on host {dst} did not start: {receiver.stderr.read()}")
+        subprocess.run(cluster.host_command(src, me + [
+            "tcp-send", "--host", cfg.host_address(dst, rail), "--port", str(PORT),
+            "--bytes", str(nbytes), "--seconds", str(seconds * 2)]),
+            check=True, timeout=seconds * 2 + 10)
+        out, err = receiver.communicate(timeout=seconds + 10)
+    finally:
+        receiver.kill()
+        receiver.wait()
+    result = json.loads(out.strip().splitlines()[-1])
+    return result["bytes"] / result["seconds"] / 1e6 if result["seconds"] else 0.0
+
+
+def check_main(cluster, seconds: float = 3.0) -> int:
+    from mcallreduce.bench.cluster import require_root, say
+    require_root()
+    cfg = cluster.config()
+    if cfg is None or cfg.hosts < 2:
+        print("check needs a cluster of at least 2 hosts that is up", file=sys.stderr)
+        return 2
+    configured = cfg.rate_bytes_per_s / 1e6
+    for rail in range(cfg.rails):
+        say(f"check: TCP host0 -> host1 on eth{rail} for up to {seconds:g}s")
+        mbs = measure_tcp(cluster, 0, 1, rail, seconds)
+        print(f"eth{rail} host0 -> host1: {mbs:.1f} MB/s raw TCP; configured {cfg.rate} = "
+              f"{configured:.1f} MB/s ({100 * mbs / configured:.0f}%)")
+    return 0
+
+
+# ---------------------------------------------------------------- allreduce busbw
+def allreduce_rank(sizes: Sequence[int], iters: Sequence[int]) -> None:
+    """Rank side: time ``iters`` in-place float32 MPI_Allreduce calls per size; rank 0 prints JSON."""
+    import numpy as np
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    n = comm.size
+    for size, count in zip(sizes, iters):
+        buf = np.ones(size // 4, dtype=np.float32)
+        comm.Allreduce(MPI.IN_PLACE, buf)  # warm-up: connections, buffers
+        comm.Barrier()
+        start = time.perf_counter()
+        for _ in range(count):
+            comm.Allreduce(MPI.IN_PLACE, buf)
+        per_op = comm.allreduce((time.perf_counter() - start) / count, op=MPI.MAX)
+        if comm.rank == 0:
+            algbw = size / per_op / 1e6
+            busbw = algbw * 2 * (n - 1) / n if n > 1 else algbw
+            print(json.dumps({"bytes": size, "ranks": n, "iters": count, "seconds": per_op,
+                              "algbw_MBps": algbw, "busbw_MBps": busbw}), flush=True)
+
+
+def measure_allreduce(cluster, sizes: Sequence[int], algorithm: str = "default",
+                      target_seconds: float = 5.0, timeout: float = 600.0) -> list[dict]:
+    """busbw of MPI_Allreduce on every rank of the cluster, one dict per size."""
+    cfg = cluster.config()
+    n = cfg.hosts * cfg.ranks_per_host
+    # Enough iterations for ~target_seconds at the configured rate (3..50), so the
+    # measurement is long against start-up noise yet bounded at slow rates.
+    iters = [min(50, max(3, math.ceil(target_seconds * cfg.rate_bytes_per_s / (2 * s * max(n - 1, 1) / n))))
+             for s in sizes]
+    env = dict(RING_ENV) if algorithm == "ring" else {}
+    argv = [sys.executable, "-m", __name__, "allreduce-rank",
+            "--sizes", ",".join(map(str, sizes)), "--iters", ",".join(map(str, iters))]
+    proc = cluster.run(argv, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"allreduce job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    for row in results:
+        row["algorithm"] = algorithm
+    return results
+
+
+def allreduce_main(cluster, sizes: str, algorithm: str) -> int:
+    from mcallreduce.bench.cluster import require_root, say
+    require_root()
+    cfg = cluster.config()
+    if cfg is None:
+        print("the cluster is not up", file=sys.stderr)
+        return 2
+    say(f"allreduce: {algorithm} algorithm, {cfg.hosts} hosts x {cfg.ranks_per_host} ranks at {cfg.rate}")
+    for row in measure_allreduce(cluster, [parse_size(s) for s in sizes.split(",")], algorithm):
+        print(f"{algorithm:8} {row['bytes'] / (1 << 20):6.1f} MiB on {row['ranks']} ranks: "
+              f"{row['seconds'] * 1e3:8.1f} ms  algbw {row['algbw_MBps']:6.1f} MB/s  "
+              f"busbw {row['busbw_MBps']:6.1f} MB/s  (link {cfg.rate_bytes_per_s / 1e6:.1f} MB/s)")
+    return 0
+
+
+def main(args: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mcallreduce.bench.cluster_measure")
+    sub = parser.add_subparsers(dest="action", required=True)
+    p_recv = sub.add_parser("tcp-recv")
+    p_recv.add_argument("--port", type=int, default=PORT)
+    p_recv.add_argument("--timeout", type=float, default=30.0)
+    p_send = sub.add_parser("tcp-send")
+    p_send.add_argument("--host", required=True)
+    p_send.add_argument("--port", type=int, default=PORT)
+    p_send.add_argument("--bytes", type=int, required=True)
+    p_send.add_argument("--seconds", type=float, default=10.0)
+    p_rank = sub.add_parser("allreduce-rank")
+    p_rank.add_argument("--sizes", required=True, help="bytes, comma-separated")
+    p_rank.add_argument("--iters", required=True, help="iterations per size, comma-separated")
+    ns = parser.parse_args(args)
+    if ns.action == "tcp-recv":
+        print(json.dumps(tcp_receive(ns.port, ns.timeout)), flush=True)
+    elif ns.action == "tcp-send":
+        tcp_send(ns.host, ns.port, ns.bytes, ns.seconds)
+    else:
+        allreduce_rank([int(s) for s in ns.sizes.split(",")], [int(i) for i in ns.iters.split(",")])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Configuration: every ``MCALLREDUCE_*`` variable is read here, and only here.
+
+| variable                     | values                         | default    |
+|------------------------------|--------------------------------|------------|
+| MCALLREDUCE_ALGORITHM        | multicolor, ring, mpi          | multicolor |
+| MCALLREDUCE_COLORS           | auto, or an integer >= 1       | auto       |
+| MCALLREDUCE_SEGMENT_BYTES    | auto, or a size (256K, 1M, 0)  | auto       |
+| MCALLREDUCE_FANOUT           | auto, or an integer >= 2       | auto       |
+| MCALLREDUCE_HIERARCHY        | auto, 1, 0                     | auto       |
+| MCALLREDUCE_PIPELINE_DEPTH   | an integer >= 1                | 4          |
+| MCALLREDUCE_CHECK            | 1, 0                           | 1          |
+| MCALLREDUCE_VERBOSE          | 0, 1                           | 0          |
+| MCALLREDUCE_RANKS_PER_HOST   | auto, or an integer >= 1       | auto       |
+
+``auto`` values are resolved per message size by :func:`resolve` (the table is
+in the README and docs/algorithms.md). ``MCALLREDUCE_RANKS_PER_HOST`` groups
+consecutive ranks into virtual hosts instead of asking MPI which ranks share
+memory; it exists to exercise the hierarchical schedules on one machine.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, replace
+from typing import Mapping, Optional, Sequence, Tuple
+
+from .algorithms import SCHEDULED, Params
+
+__all__ = ["ALGORITHMS", "ConfigError", "Config", "parse_size", "resolve"]
+
+#: every algorithm the runtime accepts; "mpi" is MPI_Allreduce itself (stock Horovod's CPU path)
+ALGORITHMS = SCHEDULED + ("mpi",)
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the variable and the allowed values."""
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgKMG]?)(i?[bB])?\s*$")
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """'256K' -> 262144, '1M' -> 1048576, '4096' -> 4096 (binary units)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ConfigError(f"{what}: {text!r} is not a size (examples: 4096, 256K, 1M)")
+    return int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
+
+
+@dataclass(frozen=True)
+class Config:
+    """User choices; None means "auto" (decided per message by :func:`resolve`)."""
+
+    algorithm: str = "multicolor"
+    colors: Optional[int] = None
+    segment_bytes: Optional[int] = None
+    fanout: Optional[int] = None
+    hierarchy: Optional[bool] = None
+    depth: int = 4
+    check: bool = True
+    verbose: bool = False
+    ranks_per_host: Optional[int] = None
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
+        env = os.environ if environ is None else environ
+
+        def get(name: str) -> Optional[str]:
+            value = env.get("MCALLREDUCE_" + name)
+            return None if value is None or value.strip() == "" else value.strip()
+
+        def integer(name: str, low: int, auto: bool = True) -> Optional[int]:
+            value = get(name)
+            if value is None or (auto and value.lower() == "auto"):
+                return None
+            allowed = f"'auto' or an integer >= {low}" if auto else f"an integer >= {low}"
+            try:
+                number = int(value)
+            except ValueError:
+                number = low - 1
+            if number < low:
+                raise ConfigError(f"MCALLREDUCE_{name}={value!r}: allowed values are {allowed}")
+            return number
+
+        def boolean(name: str, auto: bool) -> Optional[bool]:
+            value = get(name)
+            if value is None or (auto and value.lower() == "auto"):
+                return None
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            allowed = "'auto', 1, 0" if auto else "1, 0"
+            raise ConfigError(f"MCALLREDUCE_{name}={value!r}: allowed values are {allowed}")
+
+        algorithm = (get("ALGORITHM") or "multicolor").lower()
+        if algorithm not in ALGORITHMS:
+            raise ConfigError(f"MCALLREDUCE_ALGORITHM={algorithm!r}: allowed values are {', '.join(ALGORITHMS)}")
+        segment = get("SEGMENT_BYTES")
+        if segment is not None and segment.lower() != "auto":
+            segment_bytes: Optional[int] = parse_size(segment, "MCALLREDUCE_SEGMENT_BYTES")
+        else:
+            segment_bytes = None
+        return cls(
+            algorithm=algorithm,
+            colors=integer("COLORS", 1),
+            segment_bytes=segment_bytes,
+            fanout=integer("FANOUT", 2),
+            hierarchy=boolean("HIERARCHY", auto=True),
+            depth=integer("PIPELINE_DEPTH", 1, auto=False) or 4,
+            check=bool(boolean("CHECK", auto=False) if get("CHECK") is not None else True),
+            verbose=bool(boolean("VERBOSE", auto=False)),
+            ranks_per_host=integer("RANKS_PER_HOST", 1),
+        )
+
+    def with_overrides(self, **kwargs) -> "Config":
+        return replace(self, **{k: v for k, v in kwargs.items() if v is not None})
+
+
+# Defaults by message size, in the spirit of Blue Gene/Q's colors-by-size table:
+# small messages are latency-bound (one tree, one message per hop), large ones are
+# bandwidth-bound (every host a root of some color, pipelined in segments).
+SMALL_BYTES = 16 << 10     # <= this: one color, no pipelining
+MEDIUM_BYTES = 256 << 10   # <= this: two colors, no pipelining
+SEGMENT_BYTES = 256 << 10  # pipeline segment for large messages
+STAR_MAX_HOSTS = 8         # up to this many hosts, one color per host (direct reduce-scatter)
+
+
+def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
+    if nbytes <= SMALL_BYTES:
+        return 1
+    if nbytes <= MEDIUM_BYTES:
+        return max(1, min(2, nhosts * max_local))
+    if nhosts <= STAR_MAX_HOSTS:
+        return max(nhosts, max_local)
+    return max(2, max_local)
+
+
+def resolve(config: Config, nbytes: int, itemsize: int,
+            hosts: Sequence[Sequence[int]]) -> Tuple[str, Params]:
+    """Concrete algorithm and schedule parameters for one message of ``nbytes``."""
+    max_local = max(len(h) for h in hosts)
+    hierarchical = config.hierarchy if config.hierarchy is not None else max_local > 1
+    nodes = len(hosts) if hierarchical else sum(len(h) for h in hosts)
+    colors = config.colors or default_colors(nbytes, nodes, max_local if hierarchical else 1)
+    if config.segment_bytes is not None:
+        segment_bytes = config.segment_bytes
+    else:
+        segment_bytes = 0 if nbytes <= MEDIUM_BYTES else SEGMENT_BYTES
+    segment = max(1, segment_bytes // itemsize) if segment_bytes else 0
+    if config.algorithm == "ring":
+        return "ring", Params(segment=segment, depth=config.depth)
+    return config.algorithm, Params(colors=colors, segment=segment, fanout=config.fanout,
+                                    hierarchical=hierarchical, depth=config.depth)

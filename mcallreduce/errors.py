@@ -1,0 +1,5 @@
+"""Exceptions raised by mcallreduce (ConfigError lives in config.py with the variables)."""
+
+
+class MismatchError(ValueError):
+    """Ranks disagree on an allreduce's element count, dtype or settings; raised on every rank."""
