@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -97,10 +98,11 @@ def require_root() -> None:
         raise ClusterError("the emulated cluster needs root (it creates network namespaces, "
                            "veth pairs, bridges and tc qdiscs): run it as root, e.g. "
                            "sudo .venv/bin/python -m mcallreduce.bench.cluster ...")
-    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    packages = {"ip": "iproute2", "tc": "iproute2", "unshare": "util-linux"}
+    missing = [tool for tool in packages if shutil.which(tool) is None]
     if missing:
-        raise ClusterError(f"{' and '.join(missing)} not found: install iproute2 "
-                           "(apt-get install -y iproute2)")
+        install = " ".join(sorted({packages[tool] for tool in missing}))
+        raise ClusterError(f"{', '.join(missing)} not found: apt-get install -y {install}")
 
 
 def namespaces() -> list[str]:
@@ -295,7 +297,11 @@ case "$host" in
 {cases}
   *) echo "rsh agent of cluster '{self.prefix}': unknown host $host" >&2; exit 255 ;;
 esac
-exec ip netns exec "$ns" /bin/sh -c "$*"
+# Its own UTS namespace too, so each host has its own hostname (= namespace name): Open MPI
+# names shared-memory segments and session dirs by hostname, and ranks of two hosts that
+# share one collide (vader segfaults when R > 1).
+exec ip netns exec "$ns" unshare --uts /bin/sh -c \
+  'echo "$0" > /proc/sys/kernel/hostname && exec /bin/sh -c "$1"' "$ns" "$*"
 """
         write_atomically(self.agent_path, script, mode=0o755)
 
@@ -320,13 +326,19 @@ exec ip netns exec "$ns" /bin/sh -c "$*"
     def _kill_processes_in(self, nss: Sequence[str]) -> None:
         """SIGKILL what still runs inside our namespaces (a hung job's daemons and ranks)."""
         spare = {os.getpid(), os.getppid()}
-        for ns in nss:
-            out = sh("ip", "netns", "pids", ns, check=False).stdout
-            for pid in {int(p) for p in out.split()} - spare:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pids = {int(pid) for ns in nss
+                    for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split()} - spare
+            if not pids:
+                return
+            for pid in pids:  # again each round: a dying daemon may have just forked a rank
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            time.sleep(0.1)
+        say(f"could not kill everything in {', '.join(nss)} (pids {sorted(pids)})")
 
     # status
     def status_text(self) -> str:

@@ -1,0 +1,200 @@
+"""The emulated cluster, for real: namespaces, veths, tbf, mpirun over the rsh agent.
+
+Every test uses its own prefix ("mct*"), so a cluster a developer has up ("mcar") is never
+touched. Needs root and working ``ip netns``; skipped with the reason otherwise.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mcallreduce.bench.cluster import Cluster, ClusterError, links, namespaces, parse_rate, tbf_options
+from mcallreduce.bench.cluster_measure import measure_tcp, parse_size
+
+REPO = Path(__file__).resolve().parents[1]
+PREFIX = "mctest"
+CLI = [sys.executable, "-m", "mcallreduce.bench.cluster"]
+
+
+def _why_no_cluster():
+    if os.geteuid() != 0:
+        return "the emulated cluster needs root (network namespaces, veth, tc)"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "iproute2 (ip, tc) is not installed"
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        return "ip netns does not work here"
+    if shutil.which("mpirun") is None:
+        return "no mpirun on PATH"
+    return None
+
+
+needs_cluster = pytest.mark.skipif(_why_no_cluster() is not None, reason=str(_why_no_cluster()))
+
+
+def cli(*args, prefix=PREFIX, timeout=120):
+    return subprocess.run(CLI + ["--prefix", prefix, *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def leftovers(prefix):
+    return [n for n in namespaces() + links() if n.startswith(prefix + "-")]
+
+
+# ---------------------------------------------------------------- no root needed
+def test_rates_and_tbf_burst():
+    assert parse_rate("200mbit") == 200_000_000
+    assert parse_rate("1Gbit") == 1_000_000_000
+    assert parse_rate("25mbps") == 200_000_000
+    with pytest.raises(ClusterError, match="bad rate"):
+        parse_rate("fast")
+    opts = tbf_options(parse_rate("10gbit"))
+    burst = int(opts[opts.index("burst") + 1])
+    assert burst >= 10e9 / 8 * 0.004  # enough for a timer tick at 10 Gbit/s
+    assert parse_size("8M") == 8 << 20 and parse_size("64K") == 64 << 10
+
+
+def test_bad_prefix_is_refused():
+    with pytest.raises(ClusterError, match="bad prefix"):
+        Cluster("this-is-far-too-long")
+
+
+def test_non_root_gets_a_clear_error():
+    argv = CLI + ["--prefix", PREFIX, "up", "--hosts", "2"]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("no setpriv to drop root")
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + argv
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    assert "needs root" in proc.stderr
+
+
+# ---------------------------------------------------------------- a real 2-host cluster
+@pytest.fixture(scope="module")
+def cluster():
+    why = _why_no_cluster()
+    if why:
+        pytest.skip(why)
+    c = Cluster(PREFIX)
+    c.down()
+    c.up(2, rate="200mbit")
+    yield c
+    c.down()
+    assert leftovers(PREFIX) == []
+
+
+JOB = textwrap.dedent("""
+    import subprocess
+    import numpy as np
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    ns = subprocess.run(["ip", "netns", "identify"], capture_output=True, text=True).stdout.strip()
+    addr = subprocess.run(["ip", "-4", "-o", "addr", "show", "eth0"], capture_output=True,
+                          text=True).stdout.split()[3]
+    buf = np.full(1 << 18, comm.rank + 1, dtype=np.float32)   # 1 MiB over the shaped link
+    comm.Allreduce(MPI.IN_PLACE, buf)
+    rows = comm.gather(f"{comm.rank} {comm.size} {ns} {addr} {int(buf.min())} {int(buf.max())}")
+    if comm.rank == 0:  # one writer: lines of ranks on one host may interleave mid-line
+        print("\\n".join(rows), flush=True)
+""")
+
+
+def run_job(cluster, tmp_path, **kwargs):
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    proc = cluster.run([sys.executable, str(script)], timeout=120, **kwargs)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [line.split() for line in proc.stdout.splitlines() if line.strip()]
+
+
+@needs_cluster
+def test_status_shows_hosts_addresses_and_rates(cluster):
+    proc = cli("status")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "up:" in proc.stdout and "2 hosts" in proc.stdout
+    for host in range(2):
+        assert f"{PREFIX}-h{host}" in proc.stdout and cluster.config().host_address(host) in proc.stdout
+    assert proc.stdout.count("send 200mbit, receive 200mbit") == 2
+
+
+@needs_cluster
+def test_run_spans_both_hosts_and_sums_right(cluster, tmp_path):
+    rows = sorted(run_job(cluster, tmp_path))
+    assert [r[0] for r in rows] == ["0", "1"]
+    assert {r[2] for r in rows} == {f"{PREFIX}-h0", f"{PREFIX}-h1"}  # one rank per namespace
+    assert {r[3] for r in rows} == {"10.213.0.1/24", "10.213.0.2/24"}
+    assert all(r[4] == r[5] == "3" for r in rows)  # 1 + 2 everywhere
+
+
+@needs_cluster
+def test_up_is_idempotent_and_changes_rate_and_slots_in_place(cluster, tmp_path):
+    before = sorted(leftovers(PREFIX))
+    proc = cli("up", "--hosts", "2", "--rate", "200mbit")
+    assert proc.returncode == 0 and "rebuilding" not in proc.stderr, proc.stderr
+    assert sorted(leftovers(PREFIX)) == before
+    try:
+        assert cli("up", "--hosts", "2", "--rate", "100mbit", "--ranks-per-host", "2").returncode == 0
+        assert sorted(leftovers(PREFIX)) == before
+        assert cli("status").stdout.count("send 100mbit, receive 100mbit") == 2
+        rows = run_job(cluster, tmp_path)  # np defaults to hosts x R = 4; vader within a host
+        assert sorted(r[2] for r in rows) == [f"{PREFIX}-h0"] * 2 + [f"{PREFIX}-h1"] * 2
+        assert all(r[4] == r[5] == "10" for r in rows)  # 1 + 2 + 3 + 4
+    finally:
+        cluster.up(2, rate="200mbit")
+
+
+@needs_cluster
+def test_shaping_holds_raw_tcp_near_the_rate(cluster):
+    mbs = measure_tcp(cluster, 0, 1, rail=0, seconds=1.0)
+    assert 0.8 * 25.0 < mbs < 1.02 * 25.0, f"{mbs:.1f} MB/s at 200mbit"
+
+
+@needs_cluster
+def test_a_hung_job_is_killed_with_its_ranks(cluster):
+    proc = cluster.run([sys.executable, "-c", "import time; time.sleep(120)"], timeout=5)
+    assert proc.returncode == -9 and "timeout" in proc.stderr
+    for ns in (cluster.host_ns(0), cluster.host_ns(1)):
+        assert subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout == ""
+
+
+# ---------------------------------------------------------------- down and crash recovery
+@needs_cluster
+def test_two_rails_up_then_down_removes_everything():
+    prefix = "mctestd"
+    try:
+        proc = cli("up", "--hosts", "2", "--rails", "2", "--rate", "300mbit", prefix=prefix)
+        assert proc.returncode == 0, proc.stderr
+        assert f"{prefix}-h1" in namespaces() and f"{prefix}-br1" in links()
+        nics = subprocess.run(["ip", "-n", f"{prefix}-h1", "-o", "-4", "addr"], capture_output=True,
+                              text=True).stdout
+        assert "eth0" in nics and "10.213.0.2/24" in nics and "eth1" in nics and "10.213.1.2/24" in nics
+        routes = subprocess.run(["ip", "-n", f"{prefix}-h1", "route"], capture_output=True, text=True).stdout
+        assert "default" not in routes
+        state = json.loads((Cluster(prefix).state_path).read_text())
+        assert state["rails"] == 2 and state["rate"] == "300mbit"
+    finally:
+        proc = cli("down", prefix=prefix)
+    assert proc.returncode == 0, proc.stderr
+    assert leftovers(prefix) == []
+    assert not Cluster(prefix).state_dir.exists()
+    assert "down" in cli("status", prefix=prefix).stdout
+
+
+@needs_cluster
+def test_down_after_a_crash_finds_leftovers_by_prefix():
+    prefix = "mctestc"
+    try:
+        subprocess.run(["ip", "netns", "add", f"{prefix}-h7"], check=True)
+        subprocess.run(["ip", "link", "add", f"{prefix}-br0", "type", "bridge"], check=True)
+        subprocess.run(["ip", "link", "add", f"{prefix}-h7r0", "type", "veth", "peer", "name", "eth0",
+                        "netns", f"{prefix}-h7"], check=True)
+        assert "leftovers" in cli("status", prefix=prefix).stdout
+    finally:
+        proc = cli("down", prefix=prefix)
+    assert proc.returncode == 0, proc.stderr
+    assert leftovers(prefix) == []
