@@ -11,9 +11,10 @@ Host i is namespace ``<prefix>-h<i>`` with NIC ``eth0`` (and ``eth1`` with two r
 a veth pair whose other end ``<prefix>-h<i>r<rail>`` is a port of bridge ``<prefix>-br<rail>``.
 Both ends carry a tc tbf qdisc, so a host sends and receives at most ``rate`` per rail. mpirun
 runs in namespace ``<prefix>-head`` (an unshaped port on rail 0) and starts its daemons through
-a generated rsh agent that runs them under ``ip netns exec <host namespace>``. The bridges have
-no real interface and no address, and no namespace has a default route: nothing leaves the
-machine. Everything is found by its name prefix, so ``down`` also cleans up after a crash.
+a generated rsh agent that runs them under ``ip netns exec <host namespace>``, with the
+namespace name as hostname (a UTS namespace: Open MPI keys shared memory by hostname).
+The bridges have no real interface and no address, and no namespace has a default route:
+nothing leaves the machine. Everything is found by its name prefix, so ``down`` also cleans up after a crash.
 The topology and the measured numbers are in docs/cluster.md.
 """
 from __future__ import annotations
@@ -203,6 +204,8 @@ class Cluster:
             return ClusterConfig(**json.loads(self.state_path.read_text()))
         except FileNotFoundError:
             return None
+        except (ValueError, TypeError) as err:
+            raise ClusterError(f"unreadable state {self.state_path} ({err}): run down, then up") from None
 
     def problems(self) -> list[str]:
         """What is missing compared with the recorded configuration (empty: the cluster is up)."""
@@ -237,8 +240,7 @@ class Cluster:
         elif old is None and leftovers:
             say(f"found leftovers of '{self.prefix}' without state (a crash?): removing them first")
             self.down()
-        elif old is None:
-            self._check_no_overlap(cfg)
+        self._check_no_overlap(cfg)
         say(f"up: {hosts} hosts x {rails} rail(s) at {rate}, {ranks_per_host} rank(s) per host")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         have_links = set(links())
@@ -315,8 +317,8 @@ exec ip netns exec "$ns" unshare --uts /bin/sh -c \
             if sh("ip", "link", "del", link, check=False).returncode == 0:
                 removed.append(f"link {link}")
         for ns in my_namespaces:
-            sh("ip", "netns", "del", ns)
-            removed.append(f"namespace {ns}")
+            if sh("ip", "netns", "del", ns, check=False).returncode == 0:
+                removed.append(f"namespace {ns}")
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)
             removed.append(f"state {self.state_dir}")
