@@ -1,0 +1,42 @@
+"""``python -m mcallreduce.data pack SRC DST`` and ``python -m mcallreduce.data bench``."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mcallreduce.data",
+                                     description="In-memory ImageNet: pack an ImageFolder tree, or benchmark loading.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("pack", help="pack an ImageFolder tree into one store file")
+    p.add_argument("src", help="ImageFolder root (one sub-folder per class)")
+    p.add_argument("dst", help="store file to write (atomically)")
+    p.add_argument("--workers", type=int, default=None, help="reader/checker processes (default: all cores)")
+    p.add_argument("--abort-on-corrupt", action="store_true",
+                   help="stop at the first file that is not a decodable image (default: report and skip it)")
+    p.add_argument("--check", choices=("decode", "header", "none"), default="decode",
+                   help="how to check each image: decode (1/8-scale decode, catches truncation), header, none")
+    p.add_argument("--progress", action="store_true", default=None, help="show progress even when not a TTY")
+    b = sub.add_parser("bench", help="compare the in-memory store with ImageFolder-style reading from disk")
+    from .bench import add_arguments
+    add_arguments(b)
+    args = parser.parse_args(argv)
+    if args.command == "pack":
+        from .format import CorruptImageError, pack
+        try:
+            report = pack(args.src, args.dst, workers=args.workers, check=args.check, progress=args.progress,
+                          on_error="abort" if args.abort_on_corrupt else "skip")
+        except (FileNotFoundError, CorruptImageError) as exc:
+            print(f"mcallreduce.data pack: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"packed {report.num_samples} images in {report.num_classes} classes, "
+              f"{report.blob_bytes:,} bytes, into {report.path}; skipped {len(report.skipped)} bad file(s)")
+        return 0
+    from .bench import run
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

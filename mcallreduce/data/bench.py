@@ -1,0 +1,312 @@
+"""``python -m mcallreduce.data bench``: in-memory store vs ImageFolder-style reading from disk.
+
+All three paths run the same sampler, the same ThreadedLoader (same threads,
+same batch size) and the same TrainTransform; only where the bytes come from
+differs:
+
+  folder-cold  one file read per sample, page cache of those files evicted
+               (posix_fadvise DONTNEED) before each epoch
+  folder-warm  the same with the files in the page cache (after a warm-up epoch)
+  memory       the in-memory store (one shared segment per host)
+
+It also measures decode throughput per core (TrainTransform vs the decoder
+alone on full images) and, under mpirun with 1, 2 and 4 ranks on this host,
+the resident memory per rank and per host. Results: a table on stdout and in
+``--out``/bench.md, JSON, and a PNG plot.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import List, Optional
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--root", help="ImageFolder tree to use (default: generate photographs under --out)")
+    p.add_argument("--out", default="bench-results/data", help="folder for data, table, JSON and plot")
+    p.add_argument("--images", type=int, default=1200, help="images to generate when --root is not given")
+    p.add_argument("--threads", type=int, default=2, help="decode threads (same for every path)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=2, help="timed epochs per path")
+    p.add_argument("--ranks", default="1,2,4", help="local rank counts for the memory runs ('' skips them)")
+    p.add_argument("--decoder", default=None, help="simplejpeg or pil (default: MCALLREDUCE_DATA_DECODER)")
+    p.add_argument("--memory-worker", action="store_true", help=argparse_hidden())
+    p.add_argument("--store", help=argparse_hidden())
+
+
+def argparse_hidden():
+    import argparse
+    return argparse.SUPPRESS
+
+
+# --- memory accounting ------------------------------------------------------------------
+def memory_of_process(segment_address: Optional[int] = None) -> dict:
+    """RSS and PSS of this process, and the PSS of the mapping containing ``segment_address``."""
+    out = {"rss": 0, "pss": 0, "segment_pss": 0, "segment_rss": 0}
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                inside = segment_address is not None and lo <= segment_address < hi
+            elif head[0] in ("Rss:", "Pss:"):
+                value = int(head[1]) * 1024
+                out[head[0][:-1].lower()] += value
+                if inside:
+                    out["segment_" + head[0][:-1].lower()] += value
+    return out
+
+
+class FolderDataset:
+    """ImageFolder-style: one file read per sample (the baseline)."""
+
+    def __init__(self, root: str, transform):
+        from .format import scan_image_folder
+        index = scan_image_folder(root)
+        self.root, self.transform = index.root, transform
+        self.paths = np.array([os.path.join(index.root, p) for p in index.paths], dtype="S")
+        self.targets = index.labels
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        with open(self.paths[i], "rb") as f:
+            data = f.read()
+        return self.transform(data), int(self.targets[i])
+
+    def evict(self) -> None:
+        """Drop these files from the page cache (they are clean: written and synced)."""
+        for path in self.paths:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def time_epochs(dataset, args, epochs: int, before_epoch=None) -> dict:
+    from .loader import ThreadedLoader
+    from .sampler import InMemoryDistributedSampler
+    sampler = InMemoryDistributedSampler(dataset, num_replicas=1, rank=0, seed=0)
+    loader = ThreadedLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_threads=args.threads)
+    times = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        if before_epoch:
+            before_epoch()
+        start = time.perf_counter()
+        count = 0
+        for images, labels in loader:
+            count += len(labels)
+        times.append(time.perf_counter() - start)
+    loader.close()
+    return {"images": count, "epoch_s": float(np.mean(times)), "epoch_times_s": times,
+            "images_per_s": count / float(np.mean(times))}
+
+
+def decode_per_core(store, decoder: str, limit: int = 400) -> dict:
+    """Single thread: the decoder alone on full images vs TrainTransform (reduced decode + RRC-224)."""
+    from .transforms import TrainTransform
+    import simplejpeg
+    from PIL import Image
+    import io
+    blobs = [bytes(store.sample_bytes(i)) for i in range(min(limit, len(store)))]
+    jpegs = [b for b in blobs if b[:2] == b"\xff\xd8"]
+    results = {"images": len(jpegs)}
+
+    def rate(fn, items):
+        fn(items[0])
+        start = time.perf_counter()
+        for b in items:
+            fn(b)
+        return len(items) / (time.perf_counter() - start)
+
+    results["simplejpeg_full_decode"] = rate(lambda b: simplejpeg.decode_jpeg(b, colorspace="RGB"), jpegs)
+    results["pil_full_decode"] = rate(lambda b: Image.open(io.BytesIO(b)).convert("RGB"), jpegs)
+    transform = TrainTransform(decoder=decoder, seed=0)
+    results["train_transform"] = rate(transform, jpegs)
+    reference = results["simplejpeg_full_decode"] if transform.decoder == "simplejpeg" else results["pil_full_decode"]
+    results["decoder"] = transform.decoder
+    results["ratio_to_decoder_alone"] = results["train_transform"] / reference
+    return results
+
+
+def memory_worker(args) -> int:
+    """One rank of the memory run (under mpirun): open the store, read a full epoch share, report memory."""
+    from mpi4py import MPI
+    from .dataset import InMemoryImageFolder
+    from .loader import ThreadedLoader
+    from .sampler import InMemoryDistributedSampler
+    from .transforms import TrainTransform
+    comm = MPI.COMM_WORLD
+    before = memory_of_process()
+    start = time.perf_counter()
+    dataset = InMemoryImageFolder(args.store, TrainTransform(decoder=args.decoder))
+    load_s = time.perf_counter() - start
+    sampler = InMemoryDistributedSampler(dataset)
+    loader = ThreadedLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_threads=args.threads)
+    start = time.perf_counter()
+    count = sum(len(labels) for _, labels in loader)
+    epoch_s = time.perf_counter() - start
+    store = dataset.store
+    after = memory_of_process(store.segment.array.ctypes.data if store.segment.size else None)
+    mine = {"rank": comm.rank, "host": store.layout.host, "images": count, "epoch_s": epoch_s, "load_s": load_s,
+            "rss_before": before["rss"], "pss_before": before["pss"], **after,
+            "share_bytes": int(store.blob_bytes), "segment_bytes": int(store.segment.size)}
+    everyone = comm.gather(mine, root=0)
+    if comm.rank == 0:
+        with open(os.path.join(args.out, f"memory-np{comm.size}.json"), "w") as f:
+            json.dump(everyone, f)
+    return 0
+
+
+def run_memory(args, store_path: str, ranks: List[int]) -> List[dict]:
+    from mcallreduce.launch import run
+    rows = []
+    for np_ in ranks:
+        cmd = [sys.executable, "-m", "mcallreduce.data", "bench", "--memory-worker", "--store", store_path,
+               "--out", args.out, "--threads", str(args.threads), "--batch-size", str(args.batch_size)]
+        if args.decoder:
+            cmd += ["--decoder", args.decoder]
+        result = run(np_, cmd, timeout=600, env={"MCALLREDUCE_DATA_PROGRESS": "0"})
+        if result.returncode != 0:
+            raise RuntimeError(f"memory run with {np_} ranks failed:\n{result.stderr[-3000:]}")
+        with open(os.path.join(args.out, f"memory-np{np_}.json")) as f:
+            per_rank = json.load(f)
+        host_segment = sum(r["segment_pss"] for r in per_rank)
+        rows.append({"ranks": np_, "per_rank": per_rank,
+                     "share_bytes": per_rank[0]["share_bytes"],
+                     "host_store_resident": host_segment,
+                     "host_store_ratio": host_segment / per_rank[0]["share_bytes"],
+                     "host_pss_total": sum(r["pss"] for r in per_rank),
+                     "rank_rss_mean": float(np.mean([r["rss"] for r in per_rank])),
+                     "rank_pss_mean": float(np.mean([r["pss"] for r in per_rank])),
+                     "images_per_s_host": sum(r["images"] for r in per_rank) / max(r["epoch_s"] for r in per_rank)})
+    return rows
+
+
+def prepare_data(args) -> str:
+    root = args.root
+    if root is None:
+        from .photos import make_photo_folder
+        root = os.path.join(args.out, "train")
+        if not os.path.isdir(root):
+            print(f"generating {args.images} photographs in {root}", file=sys.stderr)
+            make_photo_folder(root, per_class=max(1, args.images // 10), long_side=(333, 500),
+                              quality=(85, 95), seed=0)
+            os.sync()   # clean pages, so DONTNEED can evict them
+    return root
+
+
+def run(args) -> int:
+    if args.memory_worker:
+        return memory_worker(args)
+    os.makedirs(args.out, exist_ok=True)
+    from .format import pack
+    from .store import ImageStore
+    from .transforms import TrainTransform
+    command = "python -m mcallreduce.data " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
+    root = prepare_data(args)
+    store_path = os.path.join(args.out, "train.mcstore")
+    start = time.perf_counter()
+    report = pack(root, store_path, workers=os.cpu_count(), progress=False)
+    pack_s = time.perf_counter() - start
+    os.sync()
+    transform = TrainTransform(decoder=args.decoder)
+    results = {"command": command, "threads": args.threads, "batch_size": args.batch_size,
+               "images": report.num_samples, "bytes": report.blob_bytes, "mean_image_bytes":
+               report.blob_bytes / report.num_samples, "pack_s": pack_s, "decoder": transform.decoder,
+               "cpus": os.cpu_count()}
+    folder = FolderDataset(root, transform)
+    results["folder_cold"] = time_epochs(folder, args, args.epochs, before_epoch=folder.evict)
+    time_epochs(folder, args, 1)   # warm the page cache
+    results["folder_warm"] = time_epochs(folder, args, args.epochs)
+    from .dataset import InMemoryImageFolder
+    start = time.perf_counter()
+    store = ImageStore.open(store_path, num_replicas=1, rank=0, progress=False)
+    results["memory_load_s"] = time.perf_counter() - start
+    results["memory"] = time_epochs(InMemoryImageFolder(store, transform), args, args.epochs)
+    results["decode_per_core"] = decode_per_core(store, transform.decoder)
+    store.close()
+    ranks = [int(x) for x in args.ranks.split(",") if x.strip()]
+    results["memory_runs"] = run_memory(args, store_path, ranks) if ranks else []
+    mem = results["memory"]["images_per_s"]
+    results["ratio_memory_vs_cold"] = mem / results["folder_cold"]["images_per_s"]
+    results["ratio_memory_vs_warm"] = mem / results["folder_warm"]["images_per_s"]
+    table = format_table(results)
+    print(table)
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    plot(results, os.path.join(args.out, "bench.png"))
+    print(f"wrote {args.out}/bench.md, bench.json, bench.png", file=sys.stderr)
+    return 0
+
+
+def format_table(r: dict) -> str:
+    mb = 1 << 20
+    lines = [f"`{r['command']}`", "",
+             f"{r['images']} JPEGs, {r['bytes'] / mb:.1f} MiB (mean {r['mean_image_bytes'] / 1024:.0f} KiB), "
+             f"{r['threads']} decode threads, batch {r['batch_size']}, decoder {r['decoder']}, {r['cpus']} CPUs", "",
+             "| path | images/s | epoch s | vs in-memory |", "|---|---:|---:|---:|"]
+    for key, name in (("folder_cold", "ImageFolder, cold page cache"), ("folder_warm", "ImageFolder, warm page cache"),
+                      ("memory", "in-memory store")):
+        x = r[key]
+        lines.append(f"| {name} | {x['images_per_s']:.0f} | {x['epoch_s']:.2f} | "
+                     f"{x['images_per_s'] / r['memory']['images_per_s']:.2f} |")
+    d = r["decode_per_core"]
+    lines += ["", f"In-memory / cold: **{r['ratio_memory_vs_cold']:.2f}x**; in-memory / warm: "
+                  f"**{r['ratio_memory_vs_warm']:.2f}x**.", "",
+              "| one core, bytes in memory | images/s |", "|---|---:|",
+              f"| simplejpeg full decode | {d['simplejpeg_full_decode']:.0f} |",
+              f"| Pillow full decode | {d['pil_full_decode']:.0f} |",
+              f"| TrainTransform ({d['decoder']}: reduced decode + RRC-224 + flip + normalise) | "
+              f"{d['train_transform']:.0f} |",
+              "", f"TrainTransform / decoder alone: **{d['ratio_to_decoder_alone']:.2f}x**."]
+    if r["memory_runs"]:
+        lines += ["", "| ranks on host | store share MiB | store resident on host MiB (sum of segment PSS) | ratio |"
+                      " RSS/rank MiB | PSS/rank MiB | PSS host total MiB | images/s host |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for m in r["memory_runs"]:
+            lines.append(f"| {m['ranks']} | {m['share_bytes'] / mb:.1f} | {m['host_store_resident'] / mb:.1f} | "
+                         f"{m['host_store_ratio']:.3f} | {m['rank_rss_mean'] / mb:.0f} | {m['rank_pss_mean'] / mb:.0f} | "
+                         f"{m['host_pss_total'] / mb:.0f} | {m['images_per_s_host']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(r: dict, path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    names = ["folder cold", "folder warm", "in-memory"]
+    rates = [r[k]["images_per_s"] for k in ("folder_cold", "folder_warm", "memory")]
+    axes[0].bar(names, rates, color=["#999", "#69c", "#2a2"])
+    axes[0].set_ylabel("images/s")
+    axes[0].set_title(f"{r['threads']} threads, batch {r['batch_size']}, RRC-224")
+    if r["memory_runs"]:
+        ranks = [m["ranks"] for m in r["memory_runs"]]
+        mb = 1 << 20
+        axes[1].plot(ranks, [m["host_store_resident"] / mb for m in r["memory_runs"]], "o-", label="store resident / host")
+        axes[1].plot(ranks, [m["share_bytes"] / mb for m in r["memory_runs"]], "k--", label="JPEG bytes of share")
+        axes[1].plot(ranks, [m["host_pss_total"] / mb for m in r["memory_runs"]], "s-", label="all PSS / host")
+        axes[1].set_xlabel("ranks on the host")
+        axes[1].set_ylabel("MiB")
+        axes[1].set_xticks(ranks)
+        axes[1].legend()
+        axes[1].set_title("one shared copy per host")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)

@@ -1,0 +1,53 @@
+"""A map-style Dataset over the in-memory store, returning ``(image, label)`` like ImageFolder."""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from .store import ImageStore
+from .transforms import decode_image
+
+
+class InMemoryImageFolder(Dataset):
+    """ImageFolder's interface over an :class:`ImageStore`.
+
+    ``source`` is a store, a packed file or an ImageFolder directory (opened with
+    ``store_options``, collectively under MPI). ``transform`` is any callable: it
+    receives a decoded RGB PIL image, or the encoded bytes when it sets
+    ``takes_encoded = True`` (TrainTransform, EvalTransform), so it can decode
+    at reduced scale. Pickling (DataLoader workers) re-attaches to the host's
+    shared segment instead of copying the images.
+    """
+
+    def __init__(self, source, transform: Optional[Callable] = None,
+                 target_transform: Optional[Callable] = None, **store_options):
+        self.store = source if isinstance(source, ImageStore) else ImageStore.open(source, **store_options)
+        self.transform, self.target_transform = transform, target_transform
+        self.classes: List[str] = self.store.classes
+        self.class_to_idx: Dict[str, int] = {name: i for i, name in enumerate(self.classes)}
+
+    @property
+    def targets(self) -> np.ndarray:
+        """Class index of every sample (a flat int32 array, not a list)."""
+        return self.store.labels
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __getitem__(self, index: int):
+        data = self.store.sample_bytes(index)
+        try:
+            if getattr(self.transform, "takes_encoded", False):
+                image = self.transform(data)
+            else:
+                image = decode_image(data)
+                if self.transform is not None:
+                    image = self.transform(image)
+        except Exception as exc:
+            raise type(exc)(f"sample {index} ({self.store.sample_path(index)}): {exc}") from exc
+        target = int(self.store.labels[index])
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, target

@@ -1,0 +1,115 @@
+"""The start-of-epoch exchange: each rank receives the samples it will read this
+epoch that its host does not hold, with MPI Alltoallv.
+
+Nothing is requested: the epoch's assignment of samples to ranks is a pure
+function of (seed, epoch, layout) and the partition is a pure function of the
+labels and the layout, so every rank computes the same plan and knows what it
+sends to whom and what it receives from whom. A sample held by host h is sent
+by rank ``ranks_of(h)[id % ranks_on_h]``, spreading the sending over h's ranks.
+MPI-3 counts are 32-bit, so the exchange runs in rounds of at most
+MCALLREDUCE_DATA_EXCHANGE_ROUND_BYTES per rank (samples go to round id % rounds).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import config
+from .store import ImageStore, MemoryBudgetError, check_memory_budget
+
+
+@dataclass
+class Plan:
+    ids: np.ndarray      # foreign (sample, destination rank) pairs ...
+    dest: np.ndarray
+    sender: np.ndarray
+    sizes: np.ndarray
+    rounds: int
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.sizes.sum())
+
+
+def make_plan(store: ImageStore, assignment: np.ndarray, round_bytes: int) -> Plan:
+    """Every (sample, rank) pair of ``assignment`` (ranks x samples) whose rank's host lacks the sample."""
+    layout = store.layout
+    n_total = store.num_samples
+    world_size, per_rank = assignment.shape
+    dest = np.repeat(np.arange(world_size, dtype=np.int64), per_rank)
+    pairs = np.unique(dest * n_total + assignment.ravel().astype(np.int64))   # padding repeats count once
+    dest, ids = pairs // n_total, pairs % n_total
+    host_of_rank = np.asarray(layout.host_of_rank)
+    dest_host = host_of_rank[dest]
+    foreign = (store.owner[ids] != dest_host) & ~store.host_holds_all[dest_host]
+    dest, ids = dest[foreign], ids[foreign]
+    src_host = store.owner[ids]
+    ranks_per_host = layout.ranks_per_host_array()
+    table = np.full((layout.num_hosts, ranks_per_host.max()), -1, dtype=np.int64)
+    for h in range(layout.num_hosts):
+        table[h, :ranks_per_host[h]] = layout.ranks_of(h)
+    sender = table[src_host, ids % ranks_per_host[src_host]]
+    sizes = store.offsets[ids + 1] - store.offsets[ids]
+    busiest = max(np.bincount(sender, sizes, world_size).max(initial=0),
+                  np.bincount(dest, sizes, world_size).max(initial=0))
+    rounds = max(1, int(np.ceil(busiest / round_bytes)))
+    return Plan(ids, dest, sender, sizes, rounds)
+
+
+def exchange_epoch(store: ImageStore, assignment: np.ndarray) -> Plan:
+    """Collective over all ranks: fetch this rank's foreign samples for the epoch into the store's cache."""
+    plan = make_plan(store, assignment, config.exchange_round_bytes())
+    world = store.world
+    store.set_epoch_cache(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint8))  # free the last one
+    if plan.total_bytes == 0:
+        return plan
+    if world is None or world.comm is None:
+        raise RuntimeError("this epoch needs samples held by other hosts, but there is no MPI to fetch them; "
+                           "open the store with partition='full' or use shuffle_mode='local'")
+    me = store.layout.rank
+    host_of_rank = np.asarray(store.layout.host_of_rank)
+    error = None
+    try:
+        incoming = plan.sizes[host_of_rank[plan.dest] == store.layout.host].sum()
+        check_memory_budget(int(incoming), f"this epoch's exchange (samples held by other hosts, for host "
+                            f"{store.layout.host}'s ranks)",
+                            "Use shuffle_mode='local' or a smaller exchange fraction, or more hosts.")
+    except MemoryBudgetError as exc:
+        error = exc
+    errors = [e for e in world.comm.allgather(error) if e is not None]
+    if errors:
+        raise errors[0]
+
+    rounds = plan.ids % plan.rounds
+    send = np.nonzero(plan.sender == me)[0]
+    send = send[np.lexsort((plan.ids[send], plan.dest[send], rounds[send]))]
+    recv = np.nonzero(plan.dest == me)[0]
+    recv = recv[np.lexsort((plan.ids[recv], plan.sender[recv], rounds[recv]))]
+    cache = np.empty(int(plan.sizes[recv].sum()), dtype=np.uint8)
+    positions = np.concatenate([[0], np.cumsum(plan.sizes[recv])[:-1]]).astype(np.int64)
+
+    from mpi4py import MPI
+    world_size = store.layout.num_replicas
+    base = 0
+    for k in range(plan.rounds):
+        s = send[rounds[send] == k]
+        r = recv[rounds[recv] == k]
+        send_counts = np.bincount(plan.dest[s], plan.sizes[s], world_size).astype(np.int64)
+        recv_counts = np.bincount(plan.sender[r], plan.sizes[r], world_size).astype(np.int64)
+        sendbuf = np.empty(int(send_counts.sum()), dtype=np.uint8)
+        at = 0
+        for i, size in zip(plan.ids[s], plan.sizes[s]):
+            sendbuf[at:at + size] = store.sample_bytes(int(i))
+            at += size
+        recvbuf = cache[base:base + int(recv_counts.sum())]
+        world.comm.Alltoallv([sendbuf, (send_counts, _displs(send_counts)), MPI.BYTE],
+                             [recvbuf, (recv_counts, _displs(recv_counts)), MPI.BYTE])
+        base += len(recvbuf)
+    order = np.argsort(plan.ids[recv])
+    store.set_epoch_cache(plan.ids[recv][order], positions[order], cache)
+    return plan
+
+
+def _displs(counts: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)

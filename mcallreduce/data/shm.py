@@ -1,0 +1,103 @@
+"""One shared memory segment per host, which cannot outlive the processes using it.
+
+The host's first rank creates a file in /dev/shm and reserves its pages
+(posix_fallocate: a too-small /dev/shm fails here with ENOSPC rather than with
+SIGBUS on first touch); the other ranks of the host open and map it; then,
+once all have mapped it, the name is unlinked. From then on the memory belongs
+to the open mappings alone: the kernel frees it when the last process using it
+exits, however it exits (exception, signal, SIGKILL). Nothing is registered
+with multiprocessing's resource_tracker, so its at-exit unlinking and "leaked
+shared_memory" warnings (bpo-39959; ``track=False`` arrived only in 3.13) do not
+apply.
+
+DataLoader workers started by fork inherit the mapping. Workers started by
+spawn or forkserver unpickle the segment by opening ``/proc/<pid>/fd/<fd>`` of
+the rank that still holds the descriptor, which reaches the unlinked file.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+from typing import Optional
+
+import numpy as np
+
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+class SharedSegment:
+    """``size`` bytes shared by the ranks of one host (a single process without MPI)."""
+
+    def __init__(self, world, size: int, tag: str = "store"):
+        self.size = int(size)
+        self.name: Optional[str] = None
+        path, error = None, None
+        if world.is_leader:
+            try:
+                path = self._create(tag)
+            except OSError as exc:
+                error = (f"cannot reserve {self.size:,} bytes of shared memory in {SHM_DIR or 'the temp dir'} "
+                         f"({exc.strerror}); free space there is limited by its size "
+                         f"(in Docker, run with --shm-size=...)")
+        path, error = world.host_bcast((path, error))
+        if error:
+            raise MemoryError(error)
+        try:
+            if not world.is_leader:
+                self.fd = os.open(path, os.O_RDWR)
+            self._map()
+        finally:
+            # Every rank has now opened (or failed to open) the file: drop the name.
+            world.host_barrier()
+            if world.is_leader:
+                os.unlink(path)
+        self.owner_pid = os.getpid()
+
+    def _create(self, tag: str) -> str:
+        import tempfile
+        directory = SHM_DIR or tempfile.gettempdir()
+        path = os.path.join(directory, f"mcallreduce-data-{tag}-{os.getpid()}-{secrets.token_hex(6)}")
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            if self.size:
+                os.posix_fallocate(self.fd, 0, self.size)
+        except OSError:
+            os.close(self.fd)
+            os.unlink(path)
+            raise
+        return path
+
+    def _map(self, writable: bool = True) -> None:
+        length = max(self.size, 1)
+        if self.size == 0:
+            self.mmap = None
+            self.array = np.zeros(0, dtype=np.uint8)
+            return
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        self.mmap = mmap.mmap(self.fd, length, access=access)
+        self.array = np.frombuffer(self.mmap, dtype=np.uint8, count=self.size)
+
+    # DataLoader workers (spawn/forkserver) re-attach through the owner's descriptor.
+    def __getstate__(self):
+        return {"size": self.size, "path": f"/proc/{self.owner_pid}/fd/{self.fd}"}
+
+    def __setstate__(self, state):
+        self.size = state["size"]
+        self.owner_pid = None
+        self.fd = os.open(state["path"], os.O_RDONLY)
+        self._map(writable=False)
+
+    def close(self) -> None:
+        """Unmap now if no array still points into the segment; the memory goes with the last mapping."""
+        array, self.array = getattr(self, "array", None), None
+        del array
+        if getattr(self, "mmap", None) is not None:
+            try:
+                self.mmap.close()
+            except BufferError:
+                pass  # views are still alive; the mapping goes when they do
+            self.mmap = None
+        if getattr(self, "fd", None) is not None:
+            os.close(self.fd)
+            self.fd = None

@@ -1,0 +1,145 @@
+"""Who runs where: the world layout (which rank is on which host) and MPI access.
+
+The data package works with or without MPI. Under mpirun it asks MPI which
+ranks share a node (``COMM_WORLD.Split_type(COMM_TYPE_SHARED)``); without MPI
+the caller states ``num_replicas``/``rank`` (and optionally ``ranks_per_host``),
+as with torch's DistributedSampler. MCALLREDUCE_DATA_RANKS_PER_HOST makes
+consecutive ranks emulate hosts, to exercise multi-host code on one machine.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import config
+
+_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+
+
+def mpi():
+    """The mpi4py MPI module when this process should use MPI, else None.
+
+    'auto' means: launched by mpirun, or MPI already imported by the program
+    (Horovod scripts import it first). A plain ``python`` run never calls MPI_Init.
+    """
+    wanted = config.use_mpi()
+    if wanted is False:
+        return None
+    if wanted is None and "mpi4py.MPI" not in sys.modules and not any(v in os.environ for v in _LAUNCHER_VARS):
+        return None
+    from mpi4py import MPI
+    return MPI
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The host of every rank (hosts numbered in the order of their lowest rank) and this rank."""
+    host_of_rank: Tuple[int, ...]
+    rank: int
+
+    def __post_init__(self):
+        if not 0 <= self.rank < len(self.host_of_rank):
+            raise ValueError(f"rank {self.rank} is outside [0, {len(self.host_of_rank)})")
+        seen = []
+        for h in self.host_of_rank:
+            if h not in seen:
+                seen.append(h)
+        if seen != list(range(len(seen))):
+            raise ValueError(f"hosts must be numbered 0.. in order of their first rank: {self.host_of_rank}")
+
+    @classmethod
+    def uniform(cls, num_replicas: int, rank: int, ranks_per_host: Optional[int] = None) -> "Layout":
+        """``num_replicas`` ranks, ``ranks_per_host`` consecutive ranks a host (default: one host)."""
+        per = ranks_per_host or num_replicas
+        if per < 1:
+            raise ValueError(f"ranks_per_host must be >= 1, got {per}")
+        return cls(tuple(r // per for r in range(num_replicas)), rank)
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.host_of_rank)
+
+    @property
+    def num_hosts(self) -> int:
+        return max(self.host_of_rank) + 1
+
+    @property
+    def host(self) -> int:
+        return self.host_of_rank[self.rank]
+
+    def ranks_of(self, host: int) -> Sequence[int]:
+        return [r for r, h in enumerate(self.host_of_rank) if h == host]
+
+    @property
+    def local_rank(self) -> int:
+        return self.ranks_of(self.host).index(self.rank)
+
+    @property
+    def local_size(self) -> int:
+        return len(self.ranks_of(self.host))
+
+    def ranks_per_host_array(self) -> np.ndarray:
+        return np.bincount(np.asarray(self.host_of_rank), minlength=self.num_hosts)
+
+
+@dataclass
+class World:
+    """A layout plus, under MPI, the world and host communicators (None without MPI)."""
+    layout: Layout
+    comm: object = None
+    host_comm: object = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.layout.local_rank == 0
+
+    def host_bcast(self, value):
+        return self.host_comm.bcast(value, root=0) if self.host_comm is not None else value
+
+    def host_barrier(self) -> None:
+        if self.host_comm is not None:
+            self.host_comm.Barrier()
+
+    def host_any(self, flag: bool) -> bool:
+        """True on every local rank when ``flag`` is true on any (a collective over the host)."""
+        if self.host_comm is None:
+            return flag
+        return bool(self.host_comm.allreduce(int(flag), op=self._mpi.MAX))
+
+    def world_any(self, flag: bool) -> bool:
+        if self.comm is None:
+            return flag
+        return bool(self.comm.allreduce(int(flag), op=self._mpi.MAX))
+
+    def world_bcast(self, value):
+        return self.comm.bcast(value, root=0) if self.comm is not None else value
+
+    @property
+    def _mpi(self):
+        from mpi4py import MPI
+        return MPI
+
+
+def current(num_replicas: Optional[int] = None, rank: Optional[int] = None,
+            ranks_per_host: Optional[int] = None) -> World:
+    """The world this process is in: from MPI when it is used, else from the arguments."""
+    ranks_per_host = ranks_per_host or config.ranks_per_host()
+    MPI = mpi() if num_replicas is None or rank is None else None
+    if MPI is None:
+        if num_replicas is None or rank is None:
+            num_replicas, rank = 1, 0
+        return World(Layout.uniform(num_replicas, rank, ranks_per_host))
+    comm = MPI.COMM_WORLD
+    if ranks_per_host:
+        host_comm = comm.Split(comm.rank // ranks_per_host, comm.rank)
+    else:
+        host_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    leader = host_comm.bcast(comm.rank, root=0)            # lowest world rank on my host
+    leaders = comm.allgather(leader)
+    order = sorted(set(leaders))
+    layout = Layout(tuple(order.index(x) for x in leaders), comm.rank)
+    return World(layout, comm, host_comm)
