@@ -45,16 +45,19 @@ class InMemoryDistributedSampler(Sampler[int]):
             raise ValueError(f"exchange_fraction must be in [0, 1], got {exchange_fraction}")
         from .store import ImageStore
         self.store = dataset if isinstance(dataset, ImageStore) else getattr(dataset, "store", None)
-        if self.store is not None:
+        explicit = num_replicas is not None or rank is not None
+        if self.store is not None and (self.store.world.comm is not None or not explicit):
             self.layout = self.store.layout
-            if (num_replicas is not None and num_replicas != self.layout.num_replicas) or \
-                    (rank is not None and rank != self.layout.rank):
+            if explicit and (num_replicas, rank) != (self.layout.num_replicas, self.layout.rank):
                 raise ValueError(f"num_replicas={num_replicas}, rank={rank} differ from the store's world "
                                  f"({self.layout.num_replicas} ranks, this is rank {self.layout.rank})")
-            labels = self.store.labels
+            self.owner = self.store.owner
         else:
+            # No store, or a store opened without MPI (it holds everything): the caller states the world.
             self.layout = world_mod.current(num_replicas, rank, ranks_per_host).layout
-            labels = np.asarray(getattr(dataset, "targets", np.zeros(len(dataset), np.int32)))
+            labels = self.store.labels if self.store is not None else \
+                np.asarray(getattr(dataset, "targets", np.zeros(len(dataset), np.int32)))
+            self.owner = owner_of_samples(labels, self.layout.ranks_per_host_array())
         self.num_replicas, self.rank = self.layout.num_replicas, self.layout.rank
         self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         self.shuffle_mode, self.exchange_fraction = shuffle_mode, float(exchange_fraction)
@@ -63,8 +66,6 @@ class InMemoryDistributedSampler(Sampler[int]):
         # DistributedSampler's arithmetic, so lengths match it exactly.
         self.num_samples = math.ceil((n - w) / w) if drop_last and n % w else math.ceil(n / w)
         self.total_size = self.num_samples * w
-        self.owner = self.store.owner if self.store is not None else \
-            owner_of_samples(labels, self.layout.ranks_per_host_array())
         self.epoch = 0
         self._start = 0          # where the next iteration starts (mid-epoch resume)
         self._yielded = 0
