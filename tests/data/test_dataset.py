@@ -123,3 +123,14 @@ def test_threaded_loader_equals_dataloader_and_resumes_exactly(store):
     rest = list(resumed)
     labels = torch.cat([y for _, y in taken + rest])
     assert torch.equal(labels, torch.cat([y for _, y in reference]))
+
+
+def test_memory_budget_uses_the_real_host_figures(monkeypatch):
+    from mcallreduce.data.store import MemoryBudgetError, available_memory, check_memory_budget
+    available, source = available_memory()
+    assert available > 0 and source
+    check_memory_budget(1 << 20, "a small store", "")                # fits: no error
+    with pytest.raises(MemoryBudgetError) as err:
+        check_memory_budget(available * 2, "the image store", "Run on more hosts.")
+    message = str(err.value)
+    assert f"{available * 2:,} bytes" in message and "Run on more hosts." in message
