@@ -12,8 +12,9 @@
 | MCALLREDUCE_VERBOSE          | 0, 1                           | 0          |
 | MCALLREDUCE_RANKS_PER_HOST   | auto, or an integer >= 1       | auto       |
 
-``auto`` values are resolved per message size by :func:`resolve` (the table is
-in the README and docs/algorithms.md). ``MCALLREDUCE_RANKS_PER_HOST`` groups
+Variables are read once, at first use (like Horovod's); a process that changes
+them later calls :func:`reload`. ``auto`` values are resolved per message size
+by :func:`resolve` (the table is in the README and docs/algorithms.md). ``MCALLREDUCE_RANKS_PER_HOST`` groups
 consecutive ranks into virtual hosts instead of asking MPI which ranks share
 memory; it exists to exercise the hierarchical schedules on one machine.
 """
@@ -26,7 +27,7 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 from .algorithms import SCHEDULED, Params
 
-__all__ = ["ALGORITHMS", "ConfigError", "Config", "parse_size", "resolve"]
+__all__ = ["ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_size", "resolve"]
 
 #: every algorithm the runtime accepts; "mpi" is MPI_Allreduce itself (stock Horovod's CPU path)
 ALGORITHMS = SCHEDULED + ("mpi",)
@@ -114,7 +115,36 @@ class Config:
         )
 
     def with_overrides(self, **kwargs) -> "Config":
-        return replace(self, **{k: v for k, v in kwargs.items() if v is not None})
+        changes = {k: v for k, v in kwargs.items() if v is not None}
+        if not changes:
+            return self
+        key = (self, tuple(sorted(changes.items())))
+        hit = _overridden.get(key)
+        if hit is None:
+            if len(_overridden) > 1024:
+                _overridden.clear()
+            hit = _overridden[key] = replace(self, **changes)
+        return hit
+
+
+_overridden: dict = {}  # memo for with_overrides: allreduce calls repeat the same few overrides
+
+_current: Optional[Config] = None
+
+
+def current() -> Config:
+    """The configuration from the environment, parsed on first use."""
+    global _current
+    if _current is None:
+        _current = Config.from_env()
+    return _current
+
+
+def reload() -> Config:
+    """Re-read the ``MCALLREDUCE_*`` variables (after changing them in-process)."""
+    global _current
+    _current = None
+    return current()
 
 
 # Defaults by message size, in the spirit of Blue Gene/Q's colors-by-size table:

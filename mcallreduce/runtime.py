@@ -20,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .algorithms import Params, build_schedule
+from . import config as _config
 from .config import ALGORITHMS, Config, ConfigError, resolve
 from .errors import MismatchError
 from .schedule import Op, Schedule
@@ -33,7 +34,7 @@ OPS: Dict[str, Tuple[Callable, Any]] = {
 }
 #: supported element types (numpy names)
 DTYPES = ("float16", "float32", "float64", "int32", "int64")
-_DTYPE_CODE = {name: i + 1 for i, name in enumerate(DTYPES)}
+_DTYPE_CODE = {np.dtype(name): i + 1 for i, name in enumerate(DTYPES)}
 _ALGO_CODE = {name: i + 1 for i, name in enumerate(ALGORITHMS)}
 _OP_CODE = {name: i + 1 for i, name in enumerate(OPS)}
 _TAG_SPAN = 1 << 20          # tags per allreduce; the schedule's per-pair message count must fit
@@ -61,7 +62,7 @@ def as_array(buf: Any) -> np.ndarray:
                             f"supported: {', '.join(DTYPES)}") from exc
     else:
         raise TypeError(f"mcallreduce: expected a numpy array or a CPU torch tensor, got {type(buf).__name__}")
-    if arr.dtype.name not in _DTYPE_CODE:
+    if arr.dtype not in _DTYPE_CODE:
         raise TypeError(f"mcallreduce: unsupported dtype {arr.dtype.name}; supported: {', '.join(DTYPES)}")
     if not arr.flags.c_contiguous:
         raise ValueError("mcallreduce: buffer is not contiguous; pass np.ascontiguousarray(buf)")
@@ -96,19 +97,34 @@ class Context:
         self.size = comm.Get_size()
         self.hosts = self._hosts(comm, config.ranks_per_host)
         self.engine = Engine(self)
+        self._resolved: Dict[tuple, Tuple[str, Params]] = {}
         self._seq = 0
         tag_ub = self.comm.Get_attr(MPI.TAG_UB)
         self.windows = max(1, (tag_ub + 1) // _TAG_SPAN)
 
     @classmethod
-    def get(cls, comm: Optional[MPI.Comm] = None, config: Optional[Config] = None) -> "Context":
-        comm = MPI.COMM_WORLD if comm is None else comm
-        key = comm.py2f()
-        with cls._lock:
-            ctx = cls._cache.get(key)
-            if ctx is None:
-                ctx = cls._cache[key] = Context(comm, config or Config.from_env())
-            return ctx
+    def get(cls, comm: Optional[MPI.Comm] = None) -> "Context":
+        key = 0 if comm is None else comm.py2f()   # 0: COMM_WORLD, the common case
+        ctx = cls._cache.get(key)
+        if ctx is None:
+            with cls._lock:
+                ctx = cls._cache.get(key)
+                if ctx is None:
+                    ctx = Context(MPI.COMM_WORLD if comm is None else comm, _config.current())
+                    cls._cache[key] = ctx
+                    if comm is None:
+                        cls._cache[MPI.COMM_WORLD.py2f()] = ctx
+        return ctx
+
+    def resolve(self, config: Config, nbytes: int, itemsize: int) -> Tuple[str, Params]:
+        """resolve() memoised per (config, size): a training loop repeats a few sizes."""
+        key = (config, nbytes, itemsize)
+        hit = self._resolved.get(key)
+        if hit is None:
+            if len(self._resolved) > 4096:
+                self._resolved.clear()
+            hit = self._resolved[key] = resolve(config, nbytes, itemsize, self.hosts)
+        return hit
 
     @staticmethod
     def _hosts(comm: MPI.Comm, ranks_per_host: Optional[int]) -> List[List[int]]:
@@ -192,7 +208,7 @@ class Handle:
         self._done = True
 
 
-def _meta_vector(rank: int, nelem: int, dtype: str, algorithm: str, op: str, params: Params,
+def _meta_vector(rank: int, nelem: int, dtype: np.dtype, algorithm: str, op: str, params: Params,
                  scale_key: int, reject: int) -> np.ndarray:
     fields = [reject, nelem, _DTYPE_CODE.get(dtype, 0), _ALGO_CODE.get(algorithm, 0), _OP_CODE.get(op, 0),
               params.colors, params.segment, params.fanout or 0, int(params.hierarchical), params.depth, scale_key]
@@ -360,9 +376,8 @@ def allreduce_async(buf: Any, op: str = "sum", prescale: float = 1.0, postscale:
     ``overrides`` (colors=, segment_bytes=, fanout=, hierarchy=, depth=) take
     precedence over the ``MCALLREDUCE_*`` environment.
     """
-    config = Config.from_env()
-    ctx = Context.get(comm, config)
-    config = config.with_overrides(algorithm=algorithm, check=check, **overrides)
+    ctx = Context.get(comm)
+    config = _config.current().with_overrides(algorithm=algorithm, check=check, **overrides)
     reject, local_error = 0, None
     arr = np.zeros(0, np.float32)
     result = out if out is not None else buf
@@ -381,7 +396,7 @@ def allreduce_async(buf: Any, op: str = "sum", prescale: float = 1.0, postscale:
             arr[...] = src
         else:
             arr = src
-        algorithm_name, params = resolve(config, arr.nbytes, arr.itemsize, ctx.hosts)
+        algorithm_name, params = ctx.resolve(config, arr.nbytes, arr.itemsize)
     except (TypeError, ValueError) as exc:
         reject = 2 if isinstance(exc, ConfigError) else 1
         local_error = exc
@@ -399,7 +414,7 @@ def allreduce_async(buf: Any, op: str = "sum", prescale: float = 1.0, postscale:
     meta = None
     if config.check:
         scale_key = hash((float(prescale), float(postscale))) & ((1 << 40) - 1)
-        meta = _meta_vector(ctx.rank, arr.size, arr.dtype.name, algorithm_name, op, params, scale_key, reject)
+        meta = _meta_vector(ctx.rank, arr.size, arr.dtype, algorithm_name, op, params, scale_key, reject)
     with ctx.engine.lock:
         return Handle(ctx, result, arr, algorithm_name, schedule, op, meta, post, local_error)
 

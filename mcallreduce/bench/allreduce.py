@@ -1,0 +1,216 @@
+"""Allreduce benchmark in the nccl-tests style: one table, every algorithm, every size.
+
+    python -m mcallreduce.launch -np 2 -- python -m mcallreduce.bench --sizes 4K,1M,64M
+
+Per size and algorithm: warm-up, then timed iterations. An iteration's time is
+the slowest rank's (a collective is done when its last rank is); the table shows
+the median. algbw = size / time, busbw = algbw * 2(p-1)/p (nccl-tests), so busbw
+can be compared with a link's bandwidth whatever the number of ranks. Every
+size is verified against the exact sum of integer-valued data.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ..config import parse_size
+from . import mpit
+
+ALGORITHMS = ("multicolor", "ring", "mpi", "mpi-ring")
+DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"
+
+
+def human(nbytes: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit}"
+    return str(nbytes)
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m mcallreduce.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma-separated byte sizes (default {DEFAULT_SIZES})")
+    ap.add_argument("--algorithms", default=",".join(ALGORITHMS),
+                    help=f"comma-separated subset of {', '.join(ALGORITHMS)}")
+    ap.add_argument("--dtype", default="float32", choices=["float16", "float32", "float64", "int32", "int64"])
+    ap.add_argument("--warmup", type=int, default=2, help="untimed iterations per size (default 2)")
+    ap.add_argument("--iters", type=int, default=0,
+                    help="timed iterations per size; 0 = about --seconds worth, between 3 and 200")
+    ap.add_argument("--seconds", type=float, default=0.5, help="time budget per (size, algorithm) when --iters is 0")
+    ap.add_argument("--no-check", action="store_true", help="skip mcallreduce's cross-rank metadata check")
+    ap.add_argument("--json", metavar="FILE", help="write one record per (algorithm, size)")
+    ap.add_argument("--plot", metavar="FILE.png", help="plot busbw vs size")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    ap.add_argument("--label", default="", help="free text stored in the JSON (e.g. the machine)")
+    ns = ap.parse_args(argv)
+    ns.sizes = [parse_size(s, "--sizes") for s in ns.sizes.split(",") if s]
+    ns.algorithms = [a.strip() for a in ns.algorithms.split(",") if a.strip()]
+    bad = [a for a in ns.algorithms if a not in ALGORITHMS]
+    if bad:
+        ap.error(f"unknown algorithm(s) {', '.join(bad)}; choose from {', '.join(ALGORITHMS)}")
+    return ns
+
+
+class Runner:
+    """Runs one algorithm on one buffer; the "mpi" arms call MPI_Allreduce directly."""
+
+    def __init__(self, comm, ns: argparse.Namespace):
+        from mpi4py import MPI
+
+        self.MPI, self.comm, self.ns = MPI, comm, ns
+        self.mpi_comm = comm.Dup()
+        self.ring_comm = mpit.forced_comm(comm, "ring") if "mpi-ring" in ns.algorithms else None
+
+    def available(self, algorithm: str, dtype: np.dtype) -> Optional[str]:
+        """None, or why the algorithm cannot run here."""
+        if algorithm.startswith("mpi") and self.MPI._typedict.get(dtype.char) is None:
+            return f"MPI has no {dtype.name} type"
+        if algorithm == "mpi-ring" and self.ring_comm is None:
+            return "needs Open MPI with MPI_T (and OMPI_MCA_coll_tuned_use_dynamic_rules=1 before MPI_Init)"
+        return None
+
+    def __call__(self, algorithm: str, buf: np.ndarray) -> None:
+        if algorithm in ("mpi", "mpi-ring"):
+            comm = self.mpi_comm if algorithm == "mpi" else self.ring_comm
+            comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+        else:
+            from ..runtime import allreduce
+            allreduce(buf, algorithm=algorithm, comm=self.comm, check=not self.ns.no_check)
+
+
+def measure(run: Runner, algorithm: str, size: int, ns: argparse.Namespace) -> Dict:
+    comm, MPI = run.comm, run.MPI
+    p, rank = comm.Get_size(), comm.Get_rank()
+    dtype = np.dtype(ns.dtype)
+    count = max(1, size // dtype.itemsize)
+    # Small integers: every sum is exact in every dtype, so correctness is bitwise.
+    base = (np.arange(count, dtype=np.int64) % 13)
+    data = (base + rank).astype(dtype)
+    expected = (base * p + p * (p - 1) // 2).astype(dtype)
+    buf = np.empty_like(data)
+
+    buf[...] = data
+    run(algorithm, buf)
+    correct = bool(comm.allreduce(int(np.array_equal(buf, expected)), op=MPI.MIN))
+    for _ in range(ns.warmup):
+        buf[...] = data
+        run(algorithm, buf)
+    iters = ns.iters
+    if iters <= 0:  # pick a count from one timed call, agreed by all ranks
+        buf[...] = data
+        comm.Barrier()
+        t0 = time.perf_counter()
+        run(algorithm, buf)
+        one = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        iters = int(min(200, max(3, ns.seconds / max(one, 1e-6))))
+    times = []
+    for _ in range(iters):
+        buf[...] = data
+        comm.Barrier()
+        t0 = time.perf_counter()
+        run(algorithm, buf)
+        times.append(time.perf_counter() - t0)
+    slowest = np.empty(iters)
+    comm.Allreduce(np.array(times), slowest, op=MPI.MAX)
+    t = float(np.median(slowest))
+    algbw = count * dtype.itemsize / t
+    return {"algorithm": algorithm, "size_bytes": int(count * dtype.itemsize), "count": int(count),
+            "dtype": dtype.name, "ranks": p, "iters": iters, "time_s": t, "time_min_s": float(slowest.min()),
+            "algbw_Bps": algbw, "busbw_Bps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "correct": correct}
+
+
+def table(records: List[Dict]) -> str:
+    ring = {r["size_bytes"]: r["time_s"] for r in records if r["algorithm"] == "ring"}
+    lines = [f"{'size':>8} {'count':>11} {'algorithm':>11} {'time(us)':>11} {'algbw(GB/s)':>12} "
+             f"{'busbw(GB/s)':>12} {'vs ring':>8} {'correct':>8}"]
+    for r in records:
+        if "skipped" in r:
+            lines.append(f"{human(r['size_bytes']):>8} {'':>11} {r['algorithm']:>11}   skipped: {r['skipped']}")
+            continue
+        speed = ring.get(r["size_bytes"])
+        vs = f"{speed / r['time_s']:.2f}x" if speed else "-"
+        lines.append(f"{human(r['size_bytes']):>8} {r['count']:>11} {r['algorithm']:>11} {r['time_s'] * 1e6:>11.1f} "
+                     f"{r['algbw_Bps'] / 1e9:>12.3f} {r['busbw_Bps'] / 1e9:>12.3f} {vs:>8} "
+                     f"{'yes' if r['correct'] else 'FAIL':>8}")
+    return "\n".join(lines)
+
+
+def plot(records: List[Dict], path: str, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for algorithm in dict.fromkeys(r["algorithm"] for r in records):
+        pts = sorted((r["size_bytes"], r["busbw_Bps"] / 1e9) for r in records
+                     if r["algorithm"] == algorithm and "skipped" not in r)
+        if pts:
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=algorithm)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+
+
+def write_json(path: str, payload: Dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=1)
+    os.replace(tmp, path)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ns = parse_args(argv)
+    if "mpi-ring" in ns.algorithms:
+        mpit.prepare()  # must precede MPI_Init
+    from mpi4py import MPI
+
+    from ..runtime import Context
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    run = Runner(comm, ns)
+    hosts = Context.get(comm).hosts
+    records: List[Dict] = []
+    total = len(ns.sizes) * len(ns.algorithms)
+    for i, size in enumerate(ns.sizes):
+        for j, algorithm in enumerate(ns.algorithms):
+            why = run.available(algorithm, np.dtype(ns.dtype))
+            if rank == 0 and not ns.quiet:  # progress (stderr keeps stdout a clean table)
+                print(f"[{i * len(ns.algorithms) + j + 1}/{total}] {human(size)} {algorithm}",
+                      file=sys.stderr, flush=True)
+            if why:
+                records.append({"algorithm": algorithm, "size_bytes": size, "skipped": why})
+                continue
+            rec = measure(run, algorithm, size, ns)
+            rec["hosts"] = len(hosts)
+            records.append(rec)
+    if rank == 0:
+        title = f"allreduce {ns.dtype}, {comm.Get_size()} ranks on {len(hosts)} host(s)"
+        print(f"# {title}; {MPI.Get_library_version().splitlines()[0]}")
+        print(table(records))
+        failed = [r for r in records if r.get("correct") is False]
+        if ns.json:
+            write_json(ns.json, {"title": title, "label": ns.label, "argv": sys.argv, "hosts": hosts,
+                                 "records": records})
+        if ns.plot:
+            os.makedirs(os.path.dirname(os.path.abspath(ns.plot)), exist_ok=True)
+            plot(records, ns.plot, title)
+        if failed:
+            print(f"# {len(failed)} result(s) FAILED verification", file=sys.stderr)
+            return 1
+    return 0

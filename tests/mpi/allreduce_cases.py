@@ -1,0 +1,218 @@
+"""Run under mpirun: every rank runs every case and prints PASS/FAIL lines.
+
+    python -m mcallreduce.launch -np 3 -- python tests/mpi/allreduce_cases.py [case ...]
+"""
+import sys
+import traceback
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+import mcallreduce
+from mcallreduce import ConfigError, MismatchError, config
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+ALGOS = ("multicolor", "ring", "mpi")
+CASES = {}
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def data(n, dtype, r=None):
+    r = rank if r is None else r
+    return ((np.arange(n) * 7 + 3 * r) % 23 - 11).astype(dtype)
+
+
+def expected(n, dtype):
+    return sum(data(n, np.float64, r) for r in range(size)).astype(dtype) if n else np.zeros(0, dtype)
+
+
+def same_on_all_ranks(arr):
+    digest = np.frombuffer(arr.tobytes(), np.uint8).astype(np.int64).sum() * 1000003 + arr.size
+    return comm.allreduce(int(digest), op=MPI.MIN) == comm.allreduce(int(digest), op=MPI.MAX)
+
+
+def raises(exc_type, fn):
+    try:
+        fn()
+    except exc_type as exc:
+        return str(exc)
+    raise AssertionError(f"{exc_type.__name__} not raised")
+
+
+@case
+def sum_matches_mpi_allreduce_all_lengths():
+    for algorithm in ("multicolor", "ring"):
+        for n in (0, 1, size - 1, size + 1, 17, 1000, 65537, (1 << 18) + 3):
+            for dtype in (np.float32, np.int64):
+                x = data(n, dtype)
+                ref = x.copy()
+                comm.Allreduce(MPI.IN_PLACE, ref, op=MPI.SUM)
+                mcallreduce.allreduce(x, algorithm=algorithm)
+                assert np.array_equal(x, ref), (algorithm, n, dtype)
+
+
+@case
+def every_dtype_bitwise_identical_across_ranks_and_runs():
+    rng = np.random.default_rng(rank)
+    for dtype in mcallreduce.DTYPES:
+        for algorithm in ("multicolor", "ring"):
+            src = (rng.standard_normal(300007) * 3).astype(dtype)
+            a = src.copy()
+            b = src.copy()
+            mcallreduce.allreduce(a, algorithm=algorithm)
+            mcallreduce.allreduce(b, algorithm=algorithm)
+            assert a.tobytes() == b.tobytes(), (dtype, algorithm, "differs between runs")
+            assert same_on_all_ranks(a), (dtype, algorithm, "differs between ranks")
+            exact = np.zeros(src.size)
+            comm.Allreduce(src.astype(np.float64), exact)
+            tol = 0.1 if dtype == "float16" else 1e-4
+            assert np.allclose(a.astype(np.float64), exact, rtol=tol, atol=tol * size), dtype
+
+
+@case
+def large_pipelined_many_segments():
+    x = data(3 * (1 << 20) + 5, np.float32)
+    mcallreduce.allreduce(x, segment_bytes=64 << 10, colors=3)
+    assert np.array_equal(x, expected(x.size, np.float32))
+
+
+@case
+def ops_average_and_scaling_follow_horovod():
+    x = data(1001, np.float32)
+    mcallreduce.allreduce(x, op="average", prescale=0.5, postscale=3.0)
+    assert np.allclose(x, expected(1001, np.float64) * 0.5 * 3.0 / size, atol=1e-5)
+    i = data(1001, np.int64)
+    mcallreduce.allreduce(i, op="average")
+    assert np.array_equal(i, (expected(1001, np.float64) / size).astype(np.int64))  # truncation, as Horovod
+    for op, mpi_op in (("min", MPI.MIN), ("max", MPI.MAX), ("product", MPI.PROD)):
+        for algorithm in ALGOS:
+            y = data(257, np.int32) % 3 + 1
+            ref = y.copy()
+            comm.Allreduce(MPI.IN_PLACE, ref, op=mpi_op)
+            mcallreduce.allreduce(y, op=op, algorithm=algorithm)
+            assert np.array_equal(y, ref), (op, algorithm)
+
+
+@case
+def torch_tensors_zero_copy_and_out():
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4) + rank
+    ptr = t.data_ptr()
+    res = mcallreduce.allreduce(t)
+    assert res is t and t.data_ptr() == ptr
+    ref = torch.arange(12, dtype=torch.float32).reshape(3, 4) * size + size * (size - 1) / 2
+    assert torch.equal(t, ref)
+    src = data(100, np.float64)
+    out = np.empty_like(src)
+    keep = src.copy()
+    got = mcallreduce.allreduce(src, out=out)
+    assert got is out and np.array_equal(src, keep) and np.array_equal(out, expected(100, np.float64))
+    h = torch.ones(10, dtype=torch.float16, requires_grad=True)
+    with torch.no_grad():
+        mcallreduce.allreduce(h)
+    assert torch.equal(h.detach(), torch.full((10,), float(size), dtype=torch.float16))
+
+
+@case
+def async_handles_waited_in_rank_dependent_order():
+    bufs = [data(50000 + 1000 * i, np.float32) for i in range(5)]
+    handles = [mcallreduce.allreduce_async(b, algorithm="multicolor" if i % 2 else "ring")
+               for i, b in enumerate(bufs)]
+    order = list(range(5)) if rank % 2 == 0 else list(reversed(range(5)))
+    polled = handles[order[0]].test()   # may or may not be done; must not block
+    assert polled in (True, False)
+    for i in order:
+        handles[i].wait()
+    for b in bufs:
+        assert np.array_equal(b, expected(b.size, np.float32))
+    assert all(h.done for h in handles)
+
+
+@case
+def length_mismatch_raises_on_every_rank():
+    n = 100 + (rank == size - 1)
+    for algorithm in ALGOS:
+        msg = raises(MismatchError, lambda: mcallreduce.allreduce(np.ones(n, np.float32), algorithm=algorithm))
+        assert "element count" in msg, msg
+    # the library is still usable afterwards
+    x = data(10, np.float32)
+    mcallreduce.allreduce(x)
+    assert np.array_equal(x, expected(10, np.float32))
+
+
+@case
+def dtype_mismatch_raises_on_every_rank():
+    dtype = np.float64 if rank == 0 else np.float32
+    msg = raises(MismatchError, lambda: mcallreduce.allreduce(np.ones(10, dtype)))
+    assert "dtype" in msg, msg
+
+
+@case
+def bad_buffer_on_one_rank_raises_everywhere():
+    bad = np.ones(10, np.uint8) if rank == 0 else np.ones(10, np.float32)
+    if rank == 0:
+        msg = raises(TypeError, lambda: mcallreduce.allreduce(bad))
+        assert "float16, float32, float64, int32, int64" in msg, msg
+    else:
+        msg = raises(MismatchError, lambda: mcallreduce.allreduce(bad))
+        assert "rank 0" in msg, msg
+    strided = np.ones(20, np.float32)[::2]
+    msg = raises(ValueError, lambda: mcallreduce.allreduce(strided))
+    assert "contiguous" in msg
+    msg = raises(ValueError, lambda: mcallreduce.allreduce(torch.ones(4, 4).t()))
+    assert "contiguous" in msg
+
+
+@case
+def unknown_algorithm_and_bad_environment_are_named():
+    msg = raises(ConfigError, lambda: mcallreduce.allreduce(np.ones(4, np.float32), algorithm="bogus"))
+    assert "multicolor" in msg
+    import os
+    os.environ["MCALLREDUCE_COLORS"] = "zero"
+    try:
+        msg = raises(ConfigError, config.reload)
+        assert "MCALLREDUCE_COLORS" in msg and "auto" in msg, msg
+    finally:
+        del os.environ["MCALLREDUCE_COLORS"]
+        config.reload()
+
+
+@case
+def hierarchy_and_colors_variants_agree():
+    n = 200003
+    ref = data(n, np.int32)
+    comm.Allreduce(MPI.IN_PLACE, ref)
+    for colors in (1, 2, 3, 5):
+        for hierarchy in (True, False):
+            x = data(n, np.int32)
+            mcallreduce.allreduce(x, colors=colors, hierarchy=hierarchy, segment_bytes=32 << 10)
+            assert np.array_equal(x, ref), (colors, hierarchy)
+
+
+def main(names):
+    """Rank 0 prints one line per case: PASS name ranks=N, or FAIL name rank=R: error."""
+    failures = 0
+    for name in names or CASES:
+        try:
+            CASES[name]()
+            detail = None
+        except Exception:  # report, keep going: later cases still run on every rank
+            detail = traceback.format_exc().strip().splitlines()[-1]
+        results = comm.gather(detail, root=0)
+        if rank == 0:
+            bad = [(r, d) for r, d in enumerate(results) if d is not None]
+            failures += bool(bad)
+            for r, d in bad:
+                print(f"FAIL {name} rank={r}: {d}", flush=True)
+            if not bad:
+                print(f"PASS {name} ranks={size}", flush=True)
+    return 1 if comm.bcast(failures, root=0) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,26 @@
+"""The benchmark CLI end to end: table, JSON records and the plot."""
+import json
+import sys
+
+from mcallreduce.launch import run
+
+
+def test_bench_table_json_and_plot(tmp_path):
+    out, png = tmp_path / "b.json", tmp_path / "b.png"
+    r = run(2, [sys.executable, "-m", "mcallreduce.bench", "--sizes", "4K,256K", "--iters", "3",
+                "--json", str(out), "--plot", str(png)], timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "busbw(GB/s)" in r.stdout and "[1/8] 4K multicolor" in r.stderr   # table and progress
+    records = json.loads(out.read_text())["records"]
+    assert {rec["algorithm"] for rec in records} == {"multicolor", "ring", "mpi", "mpi-ring"}
+    for rec in records:
+        assert "skipped" not in rec, rec
+        assert {"algorithm", "size_bytes", "ranks", "hosts", "time_s", "algbw_Bps", "busbw_Bps", "correct"} <= set(rec)
+        assert rec["correct"] is True and rec["ranks"] == 2 and rec["time_s"] > 0
+        assert abs(rec["busbw_Bps"] - rec["algbw_Bps"]) < 1e-6 * rec["algbw_Bps"]   # 2(p-1)/p = 1 at p=2
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_rejects_unknown_algorithm():
+    r = run(1, [sys.executable, "-m", "mcallreduce.bench", "--algorithms", "tree"], timeout=60)
+    assert r.returncode != 0 and "unknown algorithm" in r.stderr

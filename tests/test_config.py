@@ -1,0 +1,56 @@
+"""MCALLREDUCE_* parsing, error messages and the size-based defaults."""
+import pytest
+
+from mcallreduce.config import Config, ConfigError, parse_size, resolve
+
+
+def test_defaults_without_variables():
+    c = Config.from_env({})
+    assert c == Config()
+    assert c.algorithm == "multicolor" and c.colors is None and c.check
+
+
+@pytest.mark.parametrize("text,value", [("4096", 4096), ("256K", 256 << 10), ("1M", 1 << 20), ("2GiB", 2 << 30),
+                                        ("0", 0)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+def test_every_variable_is_read():
+    env = {"MCALLREDUCE_ALGORITHM": "ring", "MCALLREDUCE_COLORS": "3", "MCALLREDUCE_SEGMENT_BYTES": "128K",
+           "MCALLREDUCE_FANOUT": "4", "MCALLREDUCE_HIERARCHY": "0", "MCALLREDUCE_PIPELINE_DEPTH": "2",
+           "MCALLREDUCE_CHECK": "0", "MCALLREDUCE_VERBOSE": "1", "MCALLREDUCE_RANKS_PER_HOST": "2"}
+    c = Config.from_env(env)
+    assert (c.algorithm, c.colors, c.segment_bytes, c.fanout, c.hierarchy, c.depth, c.check, c.verbose,
+            c.ranks_per_host) == ("ring", 3, 128 << 10, 4, False, 2, False, True, 2)
+
+
+@pytest.mark.parametrize("name,value,hint", [
+    ("ALGORITHM", "tree", "multicolor, ring, mpi"),
+    ("COLORS", "0", "'auto' or an integer >= 1"),
+    ("COLORS", "many", "'auto' or an integer >= 1"),
+    ("SEGMENT_BYTES", "big", "256K"),
+    ("FANOUT", "1", "integer >= 2"),
+    ("HIERARCHY", "maybe", "'auto', 1, 0"),
+    ("CHECK", "auto", "1, 0"),
+    ("PIPELINE_DEPTH", "0", "integer >= 1"),
+])
+def test_invalid_values_name_the_variable_and_allowed_values(name, value, hint):
+    with pytest.raises(ConfigError) as err:
+        Config.from_env({"MCALLREDUCE_" + name: value})
+    assert "MCALLREDUCE_" + name in str(err.value) and hint in str(err.value)
+
+
+def test_size_table():
+    one_host_two = [[0, 1]]
+    algo, p = resolve(Config(), 4 << 10, 4, one_host_two)
+    assert (algo, p.colors, p.segment, p.hierarchical) == ("multicolor", 1, 0, True)
+    algo, p = resolve(Config(), 64 << 20, 4, one_host_two)
+    assert p.colors == 2 and p.segment == (256 << 10) // 4
+    flat4 = [[0], [1], [2], [3]]
+    _, p = resolve(Config(), 64 << 20, 4, flat4)
+    assert p.colors == 4 and not p.hierarchical       # one color per host: direct reduce-scatter
+    _, p = resolve(Config(colors=3, segment_bytes=0, hierarchy=False), 64 << 20, 8, one_host_two)
+    assert (p.colors, p.segment, p.hierarchical) == (3, 0, False)
+    algo, p = resolve(Config(algorithm="ring"), 1 << 20, 4, flat4)
+    assert algo == "ring" and p.segment == (256 << 10) // 4

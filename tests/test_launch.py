@@ -1,0 +1,23 @@
+"""The one MPI launcher: flags depend on the machine, not on the caller."""
+import os
+
+from mcallreduce.launch import mpirun_command, run
+
+
+def test_flags_for_root_and_oversubscription():
+    cmd = mpirun_command(64, ["prog"], env={"A": "1"})
+    assert "--oversubscribe" in cmd                     # more ranks than cores
+    i = cmd.index("mpi_yield_when_idle")
+    assert cmd[i - 1] == "--mca" and cmd[i + 1] == "1"  # ranks must not spin
+    assert ("--allow-run-as-root" in cmd) == (os.geteuid() == 0)
+    assert cmd[-3:] == ["-x", "A=1", "prog"]
+
+
+def test_run_reports_exit_code_and_output():
+    r = run(2, ["sh", "-c", "echo rank; exit 3"], timeout=60)
+    assert r.returncode != 0 and r.stdout.count("rank") == 2
+
+
+def test_hung_job_is_killed_at_timeout():
+    r = run(2, ["sleep", "30"], timeout=3)
+    assert r.returncode == -9 and "timeout" in r.stderr

@@ -1,0 +1,37 @@
+"""The runtime under real mpirun jobs with 2, 3 and 4 ranks (tests/mpi/allreduce_cases.py)."""
+import re
+
+import pytest
+
+from conftest import mpi_script
+
+
+def run_cases(np_, env=None, cases=()):
+    result = mpi_script(np_, "allreduce_cases.py", *cases, env=env, timeout=300)
+    passed = re.findall(r"^PASS (\S+) ranks=(\d+)", result.stdout, re.M)
+    assert all(int(n) == np_ for _, n in passed)
+    failed = re.findall(r"^FAIL .*$", result.stdout, re.M)
+    assert not failed, "\n".join(failed) + "\n" + result.stderr[-3000:]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return passed
+
+
+@pytest.mark.parametrize("np_", [2, 3, 4])
+def test_all_cases(np_):
+    passed = run_cases(np_)
+    assert len(passed) == 11, passed
+
+
+def test_hierarchical_two_virtual_hosts_of_two_ranks():
+    # MCALLREDUCE_RANKS_PER_HOST groups ranks into virtual hosts, exercising the
+    # intra-host reduce / inter-host trees / intra-host broadcast path under MPI
+    passed = run_cases(4, env={"MCALLREDUCE_RANKS_PER_HOST": "2"},
+                       cases=["sum_matches_mpi_allreduce_all_lengths", "hierarchy_and_colors_variants_agree",
+                              "async_handles_waited_in_rank_dependent_order"])
+    assert len(passed) == 3
+
+
+def test_settings_differing_across_ranks_raise_not_hang():
+    result = mpi_script(2, "mismatched_settings.py", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("raised MismatchError") == 2, result.stdout

@@ -1,0 +1,165 @@
+"""Exhaustive in-process tests of the schedules the MPI runtime executes."""
+import numpy as np
+import pytest
+
+from mcallreduce.algorithms import Params, build_multicolor, build_ring, build_schedule
+from mcallreduce.algorithms.trees import color_trees
+from mcallreduce.executor import DeadlockError, execute
+from mcallreduce.schedule import Builder, Op, Schedule, RankProgram, Step, check_schedule
+
+DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64]
+
+
+def flat(p):
+    return [[r] for r in range(p)]
+
+
+def paired(p):
+    return [list(range(s, min(s + 2, p))) for s in range(0, p, 2)]
+
+
+def lengths(p):
+    return sorted({0, 1, max(p - 1, 0), 13, 97})
+
+
+def reference_run(schedule, p, n, dtype, seed):
+    rng = np.random.default_rng(seed)
+    bufs = [rng.integers(-8, 9, size=n).astype(dtype) for _ in range(p)]
+    expected = np.sum(np.stack(bufs).astype(np.float64), axis=0).astype(dtype) if n else np.zeros(0, dtype)
+    execute(schedule, bufs)
+    return bufs, expected
+
+
+@pytest.mark.parametrize("p", range(1, 18))
+def test_multicolor_and_ring_sum_every_length(p):
+    layouts = [flat(p)] + ([paired(p)] if p > 1 else [])
+    for hosts in layouts:
+        for n in lengths(p):
+            variants = [("ring", Params(segment=s)) for s in (0, 5)]
+            hier = (True, False) if len(hosts) < p else (True,)  # flat layout: same schedule
+            variants += [("multicolor", Params(colors=k, segment=s, hierarchical=h))
+                         for k in (1, 2, 3, 4) for s in (0, 3) for h in hier]
+            for name, params in variants:
+                sched = build_schedule(name, hosts, n, params)
+                assert check_schedule(sched) is None
+                bufs, expected = reference_run(sched, p, n, np.int64, seed=p * 7919 + n)
+                for r, b in enumerate(bufs):
+                    assert np.array_equal(b, expected), (name, params, hosts, n, r)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_dtypes_bitwise_identical_on_every_rank(dtype):
+    p, n = 6, 1001
+    sched = build_schedule("multicolor", paired(p), n, Params(colors=3, segment=64))
+    rng = np.random.default_rng(1)
+    bufs = [(rng.standard_normal(n) * 4).astype(dtype) for _ in range(p)]
+    exact = np.sum(np.stack([b.astype(np.float64) for b in bufs]), axis=0)
+    execute(sched, bufs)
+    for b in bufs[1:]:
+        assert b.tobytes() == bufs[0].tobytes()
+    tol = 0.05 if dtype == np.float16 else 1e-4
+    assert np.allclose(bufs[0].astype(np.float64), exact, rtol=tol, atol=tol)
+    # and the reduction order is fixed: a second run gives the same bits
+    rng = np.random.default_rng(1)
+    again = [(rng.standard_normal(n) * 4).astype(dtype) for _ in range(p)]
+    execute(sched, again)
+    assert again[0].tobytes() == bufs[0].tobytes()
+
+
+def test_float_result_close_to_exact_sum():
+    p, n = 9, 4099
+    rng = np.random.default_rng(3)
+    src = [rng.standard_normal(n).astype(np.float32) for _ in range(p)]
+    exact = np.sum(np.stack(src).astype(np.float64), axis=0)
+    for name, params in [("ring", Params(segment=100)), ("multicolor", Params(colors=4, segment=100))]:
+        bufs = [s.copy() for s in src]
+        execute(build_schedule(name, flat(p), n, params), bufs)
+        assert np.allclose(bufs[0], exact, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", range(1, 18))
+@pytest.mark.parametrize("k", range(1, 5))
+def test_trees_span_and_each_node_is_interior_at_most_once(n, k):
+    trees = color_trees(n, k)
+    assert len(trees) == min(k, n)
+    interior = [0] * n
+    for c, t in enumerate(trees):
+        # spanning: every node reaches the root, exactly one root
+        assert [v for v in range(n) if t.parent[v] < 0] == [t.root]
+        assert sorted(t.postorder()) == list(range(n))
+        for v in t.interior:
+            interior[v] += 1
+        # depth is logarithmic in n: fan-out >= 2
+        assert t.depth() <= max(1, int(np.ceil(np.log2(n)))) + 1
+    assert max(interior) <= 1 or n == 1
+    # distinct roots, one per color
+    assert len({t.root for t in trees}) == len(trees)
+
+
+def test_two_trees_complement_like_nccl_double_binary_tree():
+    for n in range(3, 18):
+        a, b = color_trees(n, 2)
+        assert not set(a.interior) & set(b.interior)
+        assert a.root != b.root
+
+
+def test_star_when_one_color_per_node_is_direct_reduce_scatter():
+    for n in range(2, 9):
+        for c, t in enumerate(color_trees(n, n)):
+            assert t.root == c and t.interior == [c] and t.depth() == 1
+
+
+def test_bytes_sent_per_rank_near_ring():
+    # the structural claim behind "ring-equal bandwidth": no rank sends more than
+    # (k + f)/k * n with f = k children per interior node, i.e. 2n
+    p, n = 16, 1 << 14
+    sched = build_schedule("multicolor", flat(p), n, Params(colors=4, segment=256))
+    ring = build_schedule("ring", flat(p), n, Params(segment=256))
+    worst = max(sched.bytes_sent(r, 1) for r in range(p))
+    assert worst <= 2 * n
+    assert max(ring.bytes_sent(r, 1) for r in range(p)) == pytest.approx(2 * (p - 1) / p * n, rel=0.01)
+
+
+def test_hierarchical_sends_fewer_bytes_across_hosts_than_flat():
+    hosts = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    n = 1 << 12
+
+    def cross(sched):
+        host_of = {r: h for h, rs in enumerate(hosts) for r in rs}
+        return sum(s.count for prog in sched.programs for s in prog.steps
+                   if s.op == Op.SEND and host_of[s.peer] != host_of[prog.rank])
+    hier = build_multicolor(hosts, n, colors=4, segment=128, hierarchical=True)
+    flat_sched = build_multicolor(hosts, n, colors=4, segment=128, hierarchical=False)
+    assert cross(hier) < cross(flat_sched)
+
+
+def test_pipelining_bounds_scratch_memory():
+    sched = build_schedule("multicolor", flat(4), 1 << 16, Params(colors=2, segment=1024, depth=4))
+    for prog in sched.programs:
+        # at most depth slots of one segment per (sender, color)
+        assert prog.scratch_elems <= 4 * 1024 * 3 * 2
+
+
+def test_deadlock_is_detected():
+    # two ranks that each wait to receive before sending: a real deadlock under MPI
+    recv_first = [Step(Op.RECV, 1, 0, 1, -1, 0), Step(Op.SEND, 1, 0, 1, -1, 0, deps=(0,))]
+    other = [Step(Op.RECV, 0, 0, 1, -1, 0), Step(Op.SEND, 0, 0, 1, -1, 0, deps=(0,))]
+    bad = Schedule("bad", 2, 1, [RankProgram(0, recv_first, 0), RankProgram(1, other, 0)])
+    with pytest.raises(DeadlockError):
+        execute(bad, [np.zeros(1), np.zeros(1)])
+
+
+def test_builder_derives_hazards():
+    b = Builder(2, 4)
+    b.transfer(0, 1, 0, 4, reduce=True)   # 1 adds 0's data
+    b.transfer(1, 0, 0, 4, reduce=False)  # then sends the result back
+    s = b.build("t")
+    ops1 = [st.op for st in s.programs[1].steps]
+    assert ops1 == [Op.RECV_SCRATCH, Op.REDUCE, Op.SEND]
+    assert s.programs[1].steps[2].deps == (1,)      # send waits for the reduction
+    assert s.programs[0].steps[1].deps == (0,)      # receive waits until the send left
+
+
+def test_ring_reports_its_name_and_params():
+    s = build_ring(flat(3), 10, segment=2)
+    assert s.describe() == "ring(segment=2)"
