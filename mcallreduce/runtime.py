@@ -1,20 +1,17 @@
-"""The MPI runtime: executes schedules with nonblocking mpi4py point-to-point calls.
+"""The MPI runtime: the public allreduce API over mpi4py.
 
 One :class:`Context` per user communicator owns two duplicates of it (data and
 control traffic never mix with the user's messages), the host layout, and one
-progress :class:`Engine` that drives *all* allreduces in flight together. Waiting
-on one handle therefore progresses the others too, so ranks that wait on their
-handles in different orders cannot deadlock each other.
-
-A step is posted as soon as the steps it depends on have completed: sends and
-receives as ``Isend``/``Irecv`` on preallocated buffers, reductions as numpy
-in-place ufuncs on the progress thread. The loop blocks in ``Waitsome`` (which
-releases the GIL) and never spins in Python.
+progress :class:`~mcallreduce.engine.Engine` that executes the schedules.
+This module turns a call into a :class:`Handle`: it validates the buffer,
+resolves the configuration for the message size, picks the (cached) schedule,
+and prepares the cross-rank metadata check that turns mismatched calls into an
+error on every rank instead of a hang.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -22,22 +19,17 @@ from mpi4py import MPI
 from .algorithms import Params, build_schedule
 from . import config as _config
 from .config import ALGORITHMS, Config, ConfigError, resolve
+from .engine import OPS, TAG_SPAN, Engine
 from .errors import MismatchError
-from .schedule import Op, Schedule
+from .schedule import Schedule
 
-__all__ = ["Context", "Handle", "allreduce", "allreduce_async", "OPS", "DTYPES"]
+__all__ = ["Context", "Handle", "allreduce", "allreduce_async", "start_progress_thread", "OPS", "DTYPES"]
 
-#: reduction operators: name -> (numpy ufunc, MPI op); "average" is "sum" then a scale
-OPS: Dict[str, Tuple[Callable, Any]] = {
-    "sum": (np.add, MPI.SUM), "average": (np.add, MPI.SUM),
-    "min": (np.minimum, MPI.MIN), "max": (np.maximum, MPI.MAX), "product": (np.multiply, MPI.PROD),
-}
 #: supported element types (numpy names)
 DTYPES = ("float16", "float32", "float64", "int32", "int64")
 _DTYPE_CODE = {np.dtype(name): i + 1 for i, name in enumerate(DTYPES)}
 _ALGO_CODE = {name: i + 1 for i, name in enumerate(ALGORITHMS)}
 _OP_CODE = {name: i + 1 for i, name in enumerate(OPS)}
-_TAG_SPAN = 1 << 20          # tags per allreduce; the schedule's per-pair message count must fit
 _CHECK_FIELDS = ("element count", "dtype", "algorithm", "op", "colors", "segment", "fanout",
                  "hierarchy", "pipeline depth", "scale factors")
 _REJECT_REASONS = {1: "unsupported buffer", 2: "invalid configuration"}
@@ -98,9 +90,10 @@ class Context:
         self.hosts = self._hosts(comm, config.ranks_per_host)
         self.engine = Engine(self)
         self._resolved: Dict[tuple, Tuple[str, Params]] = {}
+        self.submit_lock = threading.Lock()   # allreduces get their sequence number in call order
         self._seq = 0
         tag_ub = self.comm.Get_attr(MPI.TAG_UB)
-        self.windows = max(1, (tag_ub + 1) // _TAG_SPAN)
+        self.windows = max(1, (tag_ub + 1) // TAG_SPAN)
 
     @classmethod
     def get(cls, comm: Optional[MPI.Comm] = None) -> "Context":
@@ -158,6 +151,7 @@ class Handle:
         self.error: Optional[BaseException] = None
         self._local_error = local_error
         self._done = False
+        self._event = threading.Event()
         self._meta = meta
         self._meta_out = np.empty_like(meta)
         self.seq = ctx.next_seq()
@@ -206,6 +200,7 @@ class Handle:
         if self.error is None:
             scale_(self.arr, self.post)
         self._done = True
+        self._event.set()
 
 
 def _meta_vector(rank: int, nelem: int, dtype: np.dtype, algorithm: str, op: str, params: Params,
@@ -218,148 +213,6 @@ def _meta_vector(rank: int, nelem: int, dtype: np.dtype, algorithm: str, op: str
     neg = -vec
     neg[0] = -rank if reject else -(1 << 62)
     return np.concatenate([vec, neg])
-
-
-# ---------------------------------------------------------------------------- engine
-
-class Engine:
-    """Progresses every allreduce of one context; all MPI calls happen under its lock."""
-
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-        self.lock = threading.RLock()
-        self.reqs: List[MPI.Request] = []
-        self.owners: List[Tuple[Handle, int]] = []   # (handle, step index or -1 for the check)
-        self.active: Dict[int, Handle] = {}          # seq % windows -> handle
-        self._state: Dict[int, "_RunState"] = {}
-        self._pool: Dict[Tuple[str, int], List[np.ndarray]] = {}  # reusable scratch areas
-
-    def scratch(self, nelem: int, dtype: np.dtype) -> np.ndarray:
-        """A scratch area from the pool: allreduces of recurring sizes allocate nothing."""
-        free = self._pool.get((np.dtype(dtype).str, nelem))
-        return free.pop() if free else np.empty(nelem, dtype=dtype)
-
-    def _release(self, arr: np.ndarray) -> None:
-        free = self._pool.setdefault((arr.dtype.str, arr.size), [])
-        if len(free) < 4:
-            free.append(arr)
-
-    def submit(self, h: Handle) -> None:
-        with self.lock:
-            window = h.seq % self.ctx.windows
-            if window in self.active:
-                raise RuntimeError("mcallreduce: too many allreduces in flight "
-                                   f"(at most {self.ctx.windows}); wait on older handles first")
-            self.active[window] = h
-            if h._meta is None:
-                self._start(h)
-            else:
-                req = self.ctx.ctl.Iallreduce(h._meta, h._meta_out, op=MPI.MAX)
-                self.reqs.append(req)
-                self.owners.append((h, -1))
-
-    def _start(self, h: Handle) -> None:
-        if h.algorithm == "mpi":
-            mpi_type = MPI._typedict.get(h.arr.dtype.char)
-            if mpi_type is None:
-                h.error = TypeError(f"mcallreduce: algorithm 'mpi' cannot reduce {h.arr.dtype.name} "
-                                    "with this MPI library; use multicolor or ring")
-                return self._retire(h)
-            self.reqs.append(self.ctx.ctl.Iallreduce(MPI.IN_PLACE, [h.arr, mpi_type], op=OPS[h.op][1]))
-            self.owners.append((h, -2))
-            return
-        state = _RunState(h, (h.seq % self.ctx.windows) * _TAG_SPAN)
-        self._state[h.seq] = state
-        self._post_ready(state)
-
-    def _post_ready(self, st: "_RunState") -> None:
-        comm, h = self.ctx.comm, st.handle
-        steps, mem, scr = st.steps, st.mem, st.scr_mem
-        isz = h.arr.itemsize
-        while st.ready:
-            i = st.ready.pop()
-            s = steps[i]
-            if s.op == Op.REDUCE:
-                view = h.arr[s.offset:s.offset + s.count]
-                st.ufunc(view, st.scratch[s.scratch:s.scratch + s.count], out=view)
-                st.complete(i)
-                continue
-            if s.op == Op.SEND:
-                req = comm.Isend([mem[s.offset * isz:(s.offset + s.count) * isz], MPI.BYTE], s.peer, st.tag0 + s.tag)
-            elif s.op == Op.RECV:
-                req = comm.Irecv([mem[s.offset * isz:(s.offset + s.count) * isz], MPI.BYTE], s.peer, st.tag0 + s.tag)
-            else:
-                req = comm.Irecv([scr[s.scratch * isz:(s.scratch + s.count) * isz], MPI.BYTE], s.peer,
-                                 st.tag0 + s.tag)
-            self.reqs.append(req)
-            self.owners.append((h, i))
-        if st.remaining == 0:
-            del self._state[h.seq]
-            self._release(st.scratch)
-            self._retire(h)
-
-    def _retire(self, h: Handle) -> None:
-        self.active.pop(h.seq % self.ctx.windows, None)
-        h._finish()
-
-    def progress(self, block: bool, until: Optional[Handle] = None) -> None:
-        """Post what is ready, then wait for (block) or test for (not block) completions."""
-        with self.lock:
-            if until is not None and until.done:
-                return
-            if not self.reqs:
-                if self.active:
-                    raise RuntimeError("mcallreduce: internal error, allreduce in flight with nothing posted")
-                return
-            if block:
-                indices = MPI.Request.Waitsome(self.reqs)
-            else:
-                indices = MPI.Request.Testsome(self.reqs)
-            if not indices:
-                return
-            finished = [self.owners[i] for i in indices]
-            keep = set(range(len(self.reqs))) - set(indices)
-            self.reqs = [self.reqs[i] for i in sorted(keep)]
-            self.owners = [self.owners[i] for i in sorted(keep)]
-            touched = {}
-            for h, i in finished:
-                if i == -2:          # an "mpi" collective finished
-                    self._retire(h)
-                elif i == -1:        # the metadata check finished
-                    h._check_meta()
-                    if h.error is not None:
-                        self._retire(h)
-                    else:
-                        self._start(h)
-                else:
-                    st = self._state[h.seq]
-                    st.complete(i)
-                    touched[h.seq] = st
-            for st in touched.values():
-                self._post_ready(st)
-
-
-class _RunState:
-    """Dependency counters of one schedule execution on this rank."""
-
-    def __init__(self, h: Handle, tag0: int):
-        prog = h.schedule.programs[h.ctx.rank]
-        self.handle, self.tag0, self.steps = h, tag0, prog.steps
-        self.ufunc = OPS[h.op][0]
-        self.mem = h.arr.view(np.uint8)
-        self.scratch = h.ctx.engine.scratch(prog.scratch_elems, h.arr.dtype)
-        self.scr_mem = self.scratch.view(np.uint8)
-        self.waiting = [len(s.deps) for s in self.steps]
-        self.dependents = prog.dependents
-        self.ready = [i for i in range(len(self.steps) - 1, -1, -1) if self.waiting[i] == 0]
-        self.remaining = len(self.steps)
-
-    def complete(self, i: int) -> None:
-        self.remaining -= 1
-        for j in self.dependents[i]:
-            self.waiting[j] -= 1
-            if self.waiting[j] == 0:
-                self.ready.append(j)
 
 
 # ---------------------------------------------------------------------------- public API
@@ -408,15 +261,25 @@ def allreduce_async(buf: Any, op: str = "sum", prescale: float = 1.0, postscale:
     schedule = None
     if local_error is None and algorithm_name != "mpi":
         schedule = build_schedule(algorithm_name, ctx.hosts, arr.size, params)
-        if schedule.max_tag >= _TAG_SPAN:
+        if schedule.max_tag >= TAG_SPAN:
             raise ValueError(f"mcallreduce: {schedule.max_tag + 1} messages per rank pair exceed "
-                             f"{_TAG_SPAN}; use a larger MCALLREDUCE_SEGMENT_BYTES")
+                             f"{TAG_SPAN}; use a larger MCALLREDUCE_SEGMENT_BYTES")
     meta = None
     if config.check:
         scale_key = hash((float(prescale), float(postscale))) & ((1 << 40) - 1)
         meta = _meta_vector(ctx.rank, arr.size, arr.dtype, algorithm_name, op, params, scale_key, reject)
-    with ctx.engine.lock:
+    with ctx.submit_lock:
         return Handle(ctx, result, arr, algorithm_name, schedule, op, meta, post, local_error)
+
+
+def start_progress_thread(comm: Optional[MPI.Comm] = None) -> None:
+    """Progress allreduces on ``comm`` in a background thread from now on.
+
+    Communication then overlaps whatever the caller does between starting an
+    allreduce and waiting for it (e.g. the rest of the backward pass). Needs
+    MPI_THREAD_MULTIPLE; idempotent.
+    """
+    Context.get(comm).engine.start_thread()
 
 
 def allreduce(buf: Any, op: str = "sum", prescale: float = 1.0, postscale: float = 1.0,

@@ -1,5 +1,4 @@
 """Shared test helpers. MPI tests run small scripts under mpirun via mcallreduce.launch."""
-import os
 import sys
 from pathlib import Path
 

@@ -35,3 +35,9 @@ def test_settings_differing_across_ranks_raise_not_hang():
     result = mpi_script(2, "mismatched_settings.py", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("raised MismatchError") == 2, result.stdout
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_background_progress_thread(np_):
+    result = mpi_script(np_, "progress_thread.py", timeout=120)
+    assert result.returncode == 0 and "THREAD ok" in result.stdout, result.stdout + result.stderr

@@ -1,0 +1,249 @@
+"""The progress engine: posts schedule steps as MPI calls and completes them.
+
+One engine per communicator context drives *all* allreduces in flight, so
+waiting on one handle progresses every other one too: ranks that wait on their
+handles in different orders cannot deadlock each other.
+
+A step is posted as soon as the steps it depends on have completed: sends and
+receives as ``Isend``/``Irecv`` on the user's buffer or the preallocated
+scratch, reductions as numpy in-place ufuncs. The loop blocks in ``Waitsome``
+(which releases the GIL) and never spins in Python.
+
+Two ways to drive it:
+
+* caller-driven (default): ``Handle.wait()`` / ``test()`` progress under the
+  engine lock, in the calling thread;
+* a background progress thread (:meth:`Engine.start_thread`, used by the
+  Horovod plugin to overlap communication with the backward pass): new
+  allreduces are queued and a one-byte message to self wakes the thread out of
+  ``Waitsome``; handles then just wait for an event.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
+
+import numpy as np
+from mpi4py import MPI
+
+from .schedule import Op
+
+if TYPE_CHECKING:
+    from .runtime import Context, Handle
+
+__all__ = ["OPS", "TAG_SPAN", "Engine"]
+
+#: reduction operators: name -> (numpy ufunc, MPI op); "average" is "sum" then a scale
+OPS: Dict[str, Tuple[Callable, Any]] = {
+    "sum": (np.add, MPI.SUM), "average": (np.add, MPI.SUM),
+    "min": (np.minimum, MPI.MIN), "max": (np.maximum, MPI.MAX), "product": (np.multiply, MPI.PROD),
+}
+TAG_SPAN = 1 << 20   # tags per allreduce: seq window w uses tags [w * TAG_SPAN, (w + 1) * TAG_SPAN)
+_CHECK, _MPI = -1, -2  # owner markers for the metadata check and "mpi" collectives
+
+
+class _RunState:
+    """Dependency counters of one schedule execution on this rank."""
+
+    def __init__(self, h: "Handle", tag0: int, scratch: np.ndarray):
+        prog = h.schedule.programs[h.ctx.rank]
+        self.handle, self.tag0, self.steps = h, tag0, prog.steps
+        self.ufunc = OPS[h.op][0]
+        self.mem = h.arr.view(np.uint8)
+        self.scratch = scratch
+        self.scr_mem = scratch.view(np.uint8)
+        self.waiting = [len(s.deps) for s in self.steps]
+        self.dependents = prog.dependents
+        self.ready = [i for i in range(len(self.steps) - 1, -1, -1) if self.waiting[i] == 0]
+        self.remaining = len(self.steps)
+
+    def complete(self, i: int) -> None:
+        self.remaining -= 1
+        for j in self.dependents[i]:
+            self.waiting[j] -= 1
+            if self.waiting[j] == 0:
+                self.ready.append(j)
+
+
+class Engine:
+    def __init__(self, ctx: "Context"):
+        self.ctx = ctx
+        self.lock = threading.RLock()
+        self.reqs: List[MPI.Request] = []
+        self.owners: List[Tuple["Handle", int]] = []   # (handle, step index | _CHECK | _MPI)
+        self.active: Dict[int, "Handle"] = {}          # seq window -> handle
+        self._state: Dict[int, _RunState] = {}
+        self._pool: Dict[Tuple[str, int], List[np.ndarray]] = {}
+        self._queue: Deque["Handle"] = collections.deque()
+        self._thread: Optional[threading.Thread] = None
+        self._stop = False
+        self._wake_comm: Optional[MPI.Comm] = None
+
+    # ------------------------------------------------------------------ submission
+    def submit(self, h: "Handle") -> None:
+        if self._thread is not None:
+            self._queue.append(h)
+            self._wake()
+            return
+        with self.lock:
+            self._admit(h)
+
+    def _admit(self, h: "Handle") -> None:
+        window = h.seq % self.ctx.windows
+        if window in self.active:
+            h.error = RuntimeError("mcallreduce: too many allreduces in flight "
+                                   f"(at most {self.ctx.windows}); wait on older handles first")
+            h._finish()
+            return
+        self.active[window] = h
+        if h._meta is None:
+            self._start(h)
+        else:
+            self._post(self.ctx.ctl.Iallreduce(h._meta, h._meta_out, op=MPI.MAX), h, _CHECK)
+
+    def _post(self, req: MPI.Request, h: "Handle", step: int) -> None:
+        self.reqs.append(req)
+        self.owners.append((h, step))
+
+    def _start(self, h: "Handle") -> None:
+        if h.algorithm == "mpi":
+            mpi_type = MPI._typedict.get(h.arr.dtype.char)
+            if mpi_type is None:
+                h.error = TypeError(f"mcallreduce: algorithm 'mpi' cannot reduce {h.arr.dtype.name} "
+                                    "with this MPI library; use multicolor or ring")
+                return self._retire(h)
+            req = self.ctx.ctl.Iallreduce(MPI.IN_PLACE, [h.arr, mpi_type], op=OPS[h.op][1])
+            return self._post(req, h, _MPI)
+        prog = h.schedule.programs[self.ctx.rank]
+        state = _RunState(h, (h.seq % self.ctx.windows) * TAG_SPAN, self._scratch(prog.scratch_elems, h.arr.dtype))
+        self._state[h.seq] = state
+        self._post_ready(state)
+
+    def _scratch(self, nelem: int, dtype: np.dtype) -> np.ndarray:
+        """A scratch area from the pool: allreduces of recurring sizes allocate nothing."""
+        free = self._pool.get((np.dtype(dtype).str, nelem))
+        return free.pop() if free else np.empty(nelem, dtype=dtype)
+
+    def _release(self, arr: np.ndarray) -> None:
+        free = self._pool.setdefault((arr.dtype.str, arr.size), [])
+        if len(free) < 4:
+            free.append(arr)
+
+    def _post_ready(self, st: _RunState) -> None:
+        comm, h = self.ctx.comm, st.handle
+        steps, mem, scr, isz = st.steps, st.mem, st.scr_mem, h.arr.itemsize
+        while st.ready:
+            i = st.ready.pop()
+            s = steps[i]
+            if s.op == Op.REDUCE:
+                view = h.arr[s.offset:s.offset + s.count]
+                st.ufunc(view, st.scratch[s.scratch:s.scratch + s.count], out=view)
+                st.complete(i)
+                continue
+            if s.op == Op.SEND:
+                req = comm.Isend([mem[s.offset * isz:(s.offset + s.count) * isz], MPI.BYTE], s.peer,
+                                 st.tag0 + s.tag)
+            elif s.op == Op.RECV:
+                req = comm.Irecv([mem[s.offset * isz:(s.offset + s.count) * isz], MPI.BYTE], s.peer,
+                                 st.tag0 + s.tag)
+            else:
+                req = comm.Irecv([scr[s.scratch * isz:(s.scratch + s.count) * isz], MPI.BYTE], s.peer,
+                                 st.tag0 + s.tag)
+            self._post(req, h, i)
+        if st.remaining == 0:
+            del self._state[h.seq]
+            self._release(st.scratch)
+            self._retire(h)
+
+    def _retire(self, h: "Handle") -> None:
+        self.active.pop(h.seq % self.ctx.windows, None)
+        h._finish()
+
+    # ------------------------------------------------------------------ progress
+    def progress(self, block: bool, until: Optional["Handle"] = None) -> None:
+        """Caller-driven progress: post what is ready, then wait (block) or test for completions."""
+        if self._thread is not None:       # the progress thread owns MPI; just wait for it
+            if block and until is not None:
+                until._event.wait()
+            return
+        with self.lock:
+            if until is not None and until.done:
+                return
+            if not self.reqs:
+                if self.active:
+                    raise RuntimeError("mcallreduce: internal error, allreduce in flight with nothing posted")
+                return
+            indices = MPI.Request.Waitsome(self.reqs) if block else MPI.Request.Testsome(self.reqs)
+            self._completed(indices or [])
+
+    def _completed(self, indices: List[int]) -> None:
+        if not indices:
+            return
+        finished = [self.owners[i] for i in indices]
+        done = set(indices)
+        self.reqs = [r for i, r in enumerate(self.reqs) if i not in done]
+        self.owners = [o for i, o in enumerate(self.owners) if i not in done]
+        touched: Dict[int, _RunState] = {}
+        for h, i in finished:
+            if i == _MPI:
+                self._retire(h)
+            elif i == _CHECK:
+                h._check_meta()
+                if h.error is not None:
+                    self._retire(h)
+                else:
+                    self._start(h)
+            else:
+                st = self._state[h.seq]
+                st.complete(i)
+                touched[h.seq] = st
+        for st in touched.values():
+            self._post_ready(st)
+
+    # ------------------------------------------------------------------ background thread
+    def start_thread(self) -> None:
+        """Progress on a daemon thread from now on (idempotent). Needs MPI_THREAD_MULTIPLE."""
+        with self.lock:
+            if self._thread is not None:
+                return
+            if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+                raise RuntimeError("mcallreduce: a progress thread needs MPI_THREAD_MULTIPLE, but MPI "
+                                   f"provides level {MPI.Query_thread()}; use an MPI built with thread support")
+            self._wake_comm = self.ctx.comm.Dup()
+            self._stop = False
+            self._thread = threading.Thread(target=self._run, name="mcallreduce-progress", daemon=True)
+            self._thread.start()
+            atexit.register(self.stop_thread)
+
+    def stop_thread(self) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        self._stop = True
+        self._wake()
+        thread.join()
+        with self.lock:
+            self._thread = None
+
+    def _wake(self) -> None:
+        # An eager one-byte send to ourselves completes at once and makes Waitsome return.
+        self._wake_comm.Send([b"\0", MPI.BYTE], dest=self.ctx.rank, tag=0)
+
+    def _run(self) -> None:
+        buf = bytearray(1)
+        wake = self._wake_comm.Irecv([buf, MPI.BYTE], source=self.ctx.rank, tag=0)
+        with self.lock:   # the thread owns the engine; callers only queue and wait
+            while True:
+                while self._queue:
+                    self._admit(self._queue.popleft())
+                if self._stop and not self.reqs and not self._queue:
+                    break
+                indices = MPI.Request.Waitsome(self.reqs + [wake]) or []
+                if len(self.reqs) in indices:      # woken: new work or stop
+                    indices.remove(len(self.reqs))
+                    wake = self._wake_comm.Irecv([buf, MPI.BYTE], source=self.ctx.rank, tag=0)
+                self._completed(indices)
+        wake.Cancel()
+        wake.Wait()

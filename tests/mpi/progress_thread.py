@@ -1,0 +1,33 @@
+"""Background progress thread: allreduces complete while the main thread computes."""
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import mcallreduce
+from mcallreduce.runtime import start_progress_thread
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+start_progress_thread()
+start_progress_thread()  # idempotent
+
+bufs = [np.full(200000 + i, rank + 1, np.float32) for i in range(6)]
+handles = [mcallreduce.allreduce_async(b, algorithm=("multicolor", "ring")[i % 2]) for i, b in enumerate(bufs)]
+# The main thread neither tests nor waits for a while: the thread must finish the work alone.
+deadline = time.time() + 30
+while not all(h.done for h in handles) and time.time() < deadline:
+    time.sleep(0.01)
+finished_alone = all(h.done for h in handles)
+for h in reversed(handles):
+    h.wait()
+ok = finished_alone and all(np.all(b == size * (size + 1) / 2) for b in bufs)
+# errors still reach every rank in thread mode
+try:
+    mcallreduce.allreduce(np.ones(10 + rank, np.float32))
+    mismatch = False
+except mcallreduce.MismatchError:
+    mismatch = True
+oks = comm.gather((ok, mismatch), root=0)
+if rank == 0:
+    print("THREAD", "ok" if all(a and b for a, b in oks) else f"FAILED {oks}", flush=True)
