@@ -10,17 +10,24 @@ venv="$repo/.venv"
 py="$venv/bin/python"
 say() { printf '[setup] %s\n' "$*" >&2; }
 
-# 1. MPI. Debian's Open MPI; never a pip-installed MPI (mpi4py must link the system one).
-if ! command -v mpicc >/dev/null 2>&1; then
+# 1. System packages: Open MPI (never a pip-installed MPI: mpi4py and Horovod must link
+#    the system one); iproute2 and util-linux for the emulated cluster (ip, tc, unshare).
+need=()
+command -v mpicc >/dev/null 2>&1 || need+=(openmpi-bin libopenmpi-dev)
+{ command -v ip && command -v tc; } >/dev/null 2>&1 || need+=(iproute2)
+command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    say "no mpicc on PATH: installing Open MPI from Debian's packages"
+    say "installing from Debian's packages: ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
-  else
+    apt-get install -y -qq "${need[@]}" >/dev/null
+  elif ! command -v mpicc >/dev/null 2>&1; then
     echo "mcallreduce needs an MPI with mpicc on PATH. As root run:" >&2
-    echo "  apt-get install openmpi-bin libopenmpi-dev" >&2
+    echo "  apt-get install ${need[*]}" >&2
     exit 2
+  else
+    say "optional packages missing (emulated cluster): ${need[*]}"
   fi
 fi
 
