@@ -108,6 +108,7 @@ class Engine:
         self.owners.append((h, step))
 
     def _start(self, h: "Handle") -> None:
+        h._begin()
         if h.algorithm == "mpi":
             mpi_type = MPI._typedict.get(h.arr.dtype.char)
             if mpi_type is None:

@@ -144,10 +144,10 @@ class Handle:
     """An allreduce in flight. ``test()`` progresses without blocking; ``wait()`` finishes it."""
 
     def __init__(self, ctx: Context, result: Any, arr: np.ndarray, algorithm: str,
-                 schedule: Optional[Schedule], op: str, meta: np.ndarray, post: float,
+                 schedule: Optional[Schedule], op: str, meta: Optional[np.ndarray], pre: float, post: float,
                  local_error: Optional[BaseException]):
         self.ctx, self.result, self.arr, self.algorithm = ctx, result, arr, algorithm
-        self.schedule, self.op, self.post = schedule, op, post
+        self.schedule, self.op, self.pre, self.post = schedule, op, pre, post
         self.error: Optional[BaseException] = None
         self._local_error = local_error
         self._done = False
@@ -195,6 +195,10 @@ class Handle:
                     f"mcallreduce: {name} differs across ranks (from {low[i + 1]} to {high[i + 1]}); "
                     "every rank must pass the same element count and dtype and use the same MCALLREDUCE_* settings")
                 return
+
+    def _begin(self) -> None:
+        """Called once the metadata check passed: only now may the buffer change."""
+        scale_(self.arr, self.pre)
 
     def _finish(self) -> None:
         if self.error is None:
@@ -256,8 +260,6 @@ def allreduce_async(buf: Any, op: str = "sum", prescale: float = 1.0, postscale:
         if not config.check:
             raise
     post = postscale / ctx.size if op == "average" else postscale
-    if local_error is None:
-        scale_(arr, prescale)
     schedule = None
     if local_error is None and algorithm_name != "mpi":
         schedule = build_schedule(algorithm_name, ctx.hosts, arr.size, params)
@@ -269,7 +271,7 @@ def allreduce_async(buf: Any, op: str = "sum", prescale: float = 1.0, postscale:
         scale_key = hash((float(prescale), float(postscale))) & ((1 << 40) - 1)
         meta = _meta_vector(ctx.rank, arr.size, arr.dtype, algorithm_name, op, params, scale_key, reject)
     with ctx.submit_lock:
-        return Handle(ctx, result, arr, algorithm_name, schedule, op, meta, post, local_error)
+        return Handle(ctx, result, arr, algorithm_name, schedule, op, meta, prescale, post, local_error)
 
 
 def start_progress_thread(comm: Optional[MPI.Comm] = None) -> None:

@@ -137,8 +137,10 @@ def async_handles_waited_in_rank_dependent_order():
 def length_mismatch_raises_on_every_rank():
     n = 100 + (rank == size - 1)
     for algorithm in ALGOS:
-        msg = raises(MismatchError, lambda: mcallreduce.allreduce(np.ones(n, np.float32), algorithm=algorithm))
+        buf = np.ones(n, np.float32)
+        msg = raises(MismatchError, lambda: mcallreduce.allreduce(buf, algorithm=algorithm, prescale=2.0))
         assert "element count" in msg, msg
+        assert np.all(buf == 1.0), "a failed allreduce must leave the buffer untouched"
     # the library is still usable afterwards
     x = data(10, np.float32)
     mcallreduce.allreduce(x)
