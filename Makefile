@@ -3,7 +3,7 @@ PY := .venv/bin/python
 NP ?= 2
 SIZES ?= 4K,64K,1M,8M,64M
 
-.PHONY: setup bench test
+.PHONY: setup bench bench-data test
 setup:
 	@scripts/setup_env.sh
 
@@ -11,6 +11,10 @@ setup:
 bench: setup
 	$(PY) -m mcallreduce.launch -np $(NP) -- $(PY) -m mcallreduce.bench --sizes $(SIZES) \
 	    --json bench-results/bench.json --plot bench-results/bench.png
+
+# The in-memory ImageNet store vs ImageFolder from disk (cold and warm page cache).
+bench-data: setup
+	$(PY) -m mcallreduce.data bench --out bench-results/data
 
 # The whole test suite.
 test: setup
