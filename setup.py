@@ -18,7 +18,7 @@ setup(
     install_requires=["numpy>=1.24", "mpi4py>=4.0"],
     extras_require={
         "torch": ["torch==2.13.0"],
-        "data": ["torch==2.13.0", "Pillow>=10", "simplejpeg>=1.7", "psutil>=5"],
+        "data": ["torch==2.13.0", "Pillow>=10", "simplejpeg>=1.7"],
         "dev": ["pytest>=7", "matplotlib>=3.7", "scikit-image", "scikit-learn"],
         "plot": ["matplotlib>=3.7"],
     },
