@@ -163,3 +163,13 @@ def test_builder_derives_hazards():
 def test_ring_reports_its_name_and_params():
     s = build_ring(flat(3), 10, segment=2)
     assert s.describe() == "ring(segment=2)"
+
+
+@pytest.mark.parametrize("p", [2, 5, 16])
+def test_large_prime_length_with_many_segments(p):
+    n = 100_003
+    for name, params in [("ring", Params(segment=4099)), ("multicolor", Params(colors=3, segment=4099))]:
+        sched = build_schedule(name, paired(p), n, params)
+        bufs, expected = reference_run(sched, p, n, np.int32, seed=p)
+        for b in bufs:
+            assert np.array_equal(b, expected), (name, p)
