@@ -1,0 +1,79 @@
+"""``python -m mcallreduce.bench tune``: the model-based default table the runtime uses.
+
+    .venv/bin/python -m mcallreduce.bench tune                       # emulated cluster, 4 and 8 hosts x 1, 2
+    .venv/bin/python -m mcallreduce.bench tune --model paper --hosts 32 --ranks-per-host 4 --nics 2
+
+For every layout and size, every candidate (colors, segment, hierarchy) of the
+multicolor schedule is played on the cost model (:mod:`mcallreduce.sim`) and the
+fastest is kept; the best ring is shown for comparison. The model is the emulated
+cluster with the constants of the last calibration (docs/data/calibration.json, or
+``--calibration FILE``), or the paper-scale model (``--model paper``). The table is
+written as JSON (``--out``, default docs/data/tuning.json), the file
+:func:`mcallreduce.sim.tuner.auto_params` reads at run time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from ..config import parse_size
+from ..sim.model import emulated, paper
+from ..sim.tuner import TUNING_FILE, load_calibration, table
+
+DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
+
+
+def human(n: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mcallreduce.bench tune", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=("emulated", "paper"), default="emulated")
+    ap.add_argument("--hosts", default="4,8")
+    ap.add_argument("--ranks-per-host", default="1,2")
+    ap.add_argument("--nics", type=int, default=1)
+    ap.add_argument("--rate", default="200mbit", help="emulated model: NIC rate")
+    ap.add_argument("--sizes", default=DEFAULT_SIZES)
+    ap.add_argument("--calibration", help="calibration JSON (default: docs/data/calibration.json)")
+    ap.add_argument("--out", default=str(TUNING_FILE), help="JSON table to write ('-': none)")
+    ns = ap.parse_args(argv)
+    sizes = [parse_size(s) for s in ns.sizes.split(",") if s]
+    cal = load_calibration(ns.calibration)
+    tables, models = {}, {}
+    for h in (int(x) for x in ns.hosts.split(",")):
+        for r in (int(x) for x in ns.ranks_per_host.split(",")):
+            m = (paper(h, ns.nics, ranks_per_host=r) if ns.model == "paper"
+                 else emulated(h, r, rate=ns.rate, calibration=cal, ) if ns.nics == 1
+                 else emulated(h, r, rate=ns.rate, rails=ns.nics, calibration=cal))
+            name = f"{h}h{r}r"
+            rows = table(m, sizes)
+            tables[name], models[name] = rows, m.to_dict()
+            print(f"# {m.describe()}")
+            print(f"{'size':>6} {'colors':>6} {'segment':>8} {'hier':>5} {'pred ms':>9} {'ring ms':>9} {'vs ring':>8}")
+            for row in rows:
+                print(f"{human(row['size_bytes']):>6} {row['colors']:>6} {human(row['segment_bytes']):>8} "
+                      f"{str(row['hierarchical'])[0]:>5} {row['predicted_s'] * 1e3:>9.3f} "
+                      f"{row['ring_predicted_s'] * 1e3:>9.3f} {row['speedup_vs_ring']:>7.2f}x")
+            sys.stdout.flush()
+    if ns.out != "-":
+        out = Path(ns.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"model": ns.model, "calibration": cal, "models": models,
+                                   "tables": tables}, indent=1))
+        os.replace(tmp, out)
+        print(f"# wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The cluster the cost model plays schedules on: an alpha-beta-gamma machine with ports.
+
+A :class:`ClusterModel` describes
+
+* ``hosts`` x ``ranks_per_host`` ranks (rank r lives on host r // ranks_per_host, the
+  layout mcallreduce and mpirun's by-slot mapping use);
+* ``nics`` full-duplex NICs per host, ``nic_Bps`` per NIC *and direction*, with a
+  per-message latency ``alpha``. Which NIC a message uses is ``nic_policy``:
+  ``stripe`` (every message spread over all NICs, Open MPI's TCP BTL does that:
+  one port of nics x nic_Bps), ``rank`` (local rank i uses NIC i mod nics, the GPU's
+  nearest NIC) or ``color`` (the step's color c uses NIC c mod nics, BG/Q-style);
+* an intra-host link per rank (``intra_Bps`` per direction, ``intra_alpha``):
+  shared memory on the emulated cluster, NVLink on a Minsky node;
+* ``overhead``: CPU time the rank spends per step it posts (our Python engine:
+  Isend/Irecv through mpi4py, completion bookkeeping), and ``gamma`` seconds per
+  byte of a REDUCE, both executed on the rank's own CPU thread;
+* ``cores``: when set, all ranks of the machine share that many cores (the emulated
+  cluster: every "host" runs on the same 2 cores); None = every rank has its own;
+* a switch layer: ``hosts_per_switch`` hosts per leaf switch whose uplinks carry
+  ``hosts_per_switch * nics * nic_Bps / oversubscription`` each way (None: one
+  non-blocking switch);
+* ``eager_bytes``: messages up to this size are sent eagerly; larger ones pay a
+  rendezvous round trip (request to send, clear to send) before the data moves;
+* two effects of the emulated cluster, measured by the calibration: ``burst_bytes``
+  / ``peak_Bps``, the token bucket of a tc tbf shaper (a message that finds tokens
+  passes at ``peak_Bps``, the rest at the rate: time = max(n/peak, (n - tokens)/rate)),
+  and ``duplex``, the per-direction rate of a host pair that exchanges bulk data both
+  ways at once over one TCP connection (measured: 0.6 of the one-way rate; the ACKs of
+  one direction queue behind the other direction's data in the shaper).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Dict, List, Optional
+
+__all__ = ["ClusterModel", "emulated", "paper", "parse_rate"]
+
+
+def parse_rate(text: str) -> float:
+    """'200mbit' -> 25e6 bytes/s (tc units, k = 1000)."""
+    t = text.strip().lower()
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
+        if t.endswith(unit):
+            return float(t[: -len(unit)]) * scale / 8
+    return float(t)
+
+
+@dataclass(frozen=True)
+class ClusterModel:
+    hosts: int
+    ranks_per_host: int = 1
+    nics: int = 1
+    nic_Bps: float = 25e6
+    nic_policy: str = "stripe"          # stripe | rank | color
+    alpha: float = 100e-6
+    intra_Bps: float = 2e9
+    intra_alpha: float = 20e-6
+    overhead: float = 15e-6
+    gamma: float = 1.0 / 2e9
+    eager_bytes: int = 65536
+    burst_bytes: int = 0                # token bucket of a shaped NIC (tc tbf burst); 0: none
+    peak_Bps: float = 0.0               # speed of a burst while the bucket has tokens
+    duplex: float = 1.0                 # per-direction rate while a host pair exchanges both ways
+    cores: Optional[int] = None
+    hosts_per_switch: Optional[int] = None
+    oversubscription: float = 1.0
+    name: str = ""
+
+    def __post_init__(self):
+        if self.nic_policy not in ("stripe", "rank", "color"):
+            raise ValueError(f"nic_policy must be stripe, rank or color, not {self.nic_policy!r}")
+        if self.hosts < 1 or self.ranks_per_host < 1 or self.nics < 1:
+            raise ValueError("hosts, ranks_per_host and nics must be >= 1")
+
+    @property
+    def nranks(self) -> int:
+        return self.hosts * self.ranks_per_host
+
+    def layout(self) -> List[List[int]]:
+        """Rank lists per host, as mcallreduce's runtime sees them."""
+        r = self.ranks_per_host
+        return [list(range(h * r, (h + 1) * r)) for h in range(self.hosts)]
+
+    def host_of(self, rank: int) -> int:
+        return rank // self.ranks_per_host
+
+    def with_(self, **changes) -> "ClusterModel":
+        return replace(self, **changes)
+
+    def to_dict(self) -> Dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        link = f"{self.nics} x {self.nic_Bps / 1e6:g} MB/s NIC{'s' if self.nics > 1 else ''} ({self.nic_policy})"
+        cpu = f"{self.cores} shared cores" if self.cores else "a core per rank"
+        return (f"{self.name or 'cluster'}: {self.hosts} hosts x {self.ranks_per_host} ranks, {link}, "
+                f"alpha {self.alpha * 1e6:.0f} us, intra {self.intra_Bps / 1e9:g} GB/s, "
+                f"overhead {self.overhead * 1e6:.1f} us/step, reduce {1 / self.gamma / 1e9:.2f} GB/s, {cpu}")
+
+
+def emulated(hosts: int, ranks_per_host: int = 1, rate: str = "200mbit", rails: int = 1,
+             calibration: Optional[Dict] = None, cores: Optional[int] = 2) -> ClusterModel:
+    """The emulated cluster of docs/cluster.md, with calibrated constants when given.
+
+    ``calibration`` is the dict :func:`mcallreduce.sim.calibrate.fit` returns (alpha,
+    nic_efficiency, overhead, gamma, intra_Bps, intra_alpha); without it, defaults measured
+    on the 2-core development machine are used.
+    """
+    c = dict(DEFAULT_CALIBRATION)
+    c.update(calibration or {})
+    return ClusterModel(
+        hosts=hosts, ranks_per_host=ranks_per_host, nics=rails,
+        nic_Bps=parse_rate(rate) * c["nic_efficiency"], nic_policy="stripe",
+        alpha=c["alpha"], intra_Bps=c["intra_Bps"], intra_alpha=c["intra_alpha"],
+        overhead=c["overhead"], gamma=c["gamma"], eager_bytes=65536, cores=cores,
+        burst_bytes=max(int(parse_rate(rate) * 0.005), 128 * 1024), peak_Bps=c["peak_Bps"],
+        duplex=c["duplex"],
+        name=f"emulated {rate}" + (f" x{rails} rails" if rails > 1 else ""))
+
+
+#: constants of the emulated cluster when no calibration file is at hand (overwritten by
+#: the values the report measured; see docs/model.md)
+DEFAULT_CALIBRATION: Dict[str, float] = {
+    "alpha": 120e-6, "nic_efficiency": 0.955, "overhead": 20e-6, "gamma": 1.0 / 1.5e9,
+    "intra_Bps": 1.5e9, "intra_alpha": 25e-6, "peak_Bps": 400e6, "duplex": 0.6,
+}
+
+
+def paper(hosts: int, nics: int = 1, ranks_per_host: int = 4, nic_policy: str = "rank",
+          hosts_per_switch: Optional[int] = None, oversubscription: float = 1.0) -> ClusterModel:
+    """The paper's scale: Minsky-like nodes of 4 GPUs on NVLink, EDR InfiniBand between hosts.
+
+    EDR: 100 Gbit/s, about 12 GB/s of payload per direction; 1.5 us MPI latency plus a
+    native (C/CUDA, not Python) engine at 3 us per step; NVLink 1.0 between GPU pairs,
+    about 40 GB/s per direction; reduction on the GPU (HBM2, ~250 GB/s for a+b->a).
+    """
+    return ClusterModel(
+        hosts=hosts, ranks_per_host=ranks_per_host, nics=nics, nic_Bps=12e9, nic_policy=nic_policy,
+        alpha=1.5e-6, intra_Bps=40e9, intra_alpha=2e-6, overhead=3e-6, gamma=1.0 / 250e9,
+        eager_bytes=16384, cores=None, hosts_per_switch=hosts_per_switch,
+        oversubscription=oversubscription,
+        name=f"EDR x{nics}, NVLink")

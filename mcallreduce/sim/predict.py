@@ -1,0 +1,69 @@
+"""Predicted allreduce time per algorithm and size, for what the runtime would actually run.
+
+``predict(algorithm, model, nbytes)``: "multicolor" and "ring" resolve their parameters
+with :func:`mcallreduce.config.resolve` (as the runtime does for an environment without
+``MCALLREDUCE_*`` overrides) unless ``params`` is given, build the runtime's schedule
+and play it; with ``check`` (the runtime's default) the metadata check, a 176-byte
+MPI_Iallreduce before the schedule starts, is added. "mpi" is Open MPI 4.1's default
+decision (see :mod:`.mpi_models`), "mpi-ring" its ring (algorithm 4); "horovod" is
+stock Horovod's CPU path, which is MPI_Allreduce on the fused buffer: "mpi".
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Optional, Tuple
+
+from ..algorithms import Params, build_schedule
+from ..schedule import Schedule
+from .model import ClusterModel
+from .mpi_models import ompi_schedule
+from .simulate import simulate
+
+__all__ = ["ALGORITHMS", "predict", "schedule_for", "runtime_params", "CHECK_BYTES"]
+
+ALGORITHMS = ("multicolor", "ring", "mpi", "mpi-ring", "horovod")
+CHECK_BYTES = 22 * 8   # the runtime's metadata vector: 11 int64 fields and their negations
+
+
+def runtime_params(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4) -> Params:
+    from ..config import Config, resolve
+    _, params = resolve(Config(algorithm=algorithm), nbytes, itemsize, model.layout())
+    return params
+
+
+def schedule_for(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,
+                 params: Optional[Params] = None) -> Schedule:
+    nelem = max(1, nbytes // itemsize)
+    if algorithm in ("multicolor", "ring"):
+        params = params or runtime_params(algorithm, model, nbytes, itemsize)
+        return build_schedule(algorithm, model.layout(), nelem, params)
+    if algorithm in ("mpi", "horovod"):
+        return ompi_schedule(model.nranks, nelem, itemsize, 0)
+    if algorithm == "mpi-ring":
+        return ompi_schedule(model.nranks, nelem, itemsize, 4)
+    raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
+
+
+@lru_cache(maxsize=4096)
+def _time(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int, params: Optional[Params]) -> float:
+    return simulate(schedule_for(algorithm, model, nbytes, itemsize, params), model, itemsize).time
+
+
+def predict(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,
+            params: Optional[Params] = None, check: bool = True) -> float:
+    """Seconds for one allreduce of ``nbytes`` on ``model``."""
+    t = _time(algorithm, model, int(nbytes), itemsize, params)
+    if check and algorithm in ("multicolor", "ring") and model.nranks > 1:
+        t += _time("mpi", model, CHECK_BYTES, 8, None)
+    return t
+
+
+def busbw(nbytes: int, seconds: float, nranks: int) -> float:
+    """nccl-tests bus bandwidth (bytes/s)."""
+    return nbytes / seconds * (2 * (nranks - 1) / nranks if nranks > 1 else 1.0)
+
+
+def best_of(model: ClusterModel, nbytes: int, algorithms=("multicolor", "ring")) -> Tuple[str, float]:
+    times = {a: predict(a, model, nbytes) for a in algorithms}
+    name = min(times, key=times.get)
+    return name, times[name]

@@ -1,0 +1,147 @@
+"""Model-based defaults: colors, segment size and hierarchy per message size.
+
+The runtime's hand-written size table (``config.SMALL_BYTES`` ...) becomes a search:
+for a message of n bytes on a given host layout, every candidate ``Params``
+(colors in {1, 2, 3, 4, L, N, ...}, segment in {0, 64K, 256K, 1M}, hierarchical or
+flat) is played on the cluster model and the fastest wins, like Blue Gene/Q's
+colors-by-size table (which was measured) and NCCL's tuner (which is a cost model).
+
+* :func:`best_params` -- the runtime entry point, ``(algorithm, Params)``; sizes are
+  binned to powers of two and memoised, so a training loop pays the search once per bin;
+* :func:`table` -- the table for a layout and a list of sizes (``python -m mcallreduce.bench tune``);
+* :func:`default_model` -- the model for a layout: the calibration file
+  (``$MCALLREDUCE_CALIBRATION`` or docs/data/calibration.json) of the emulated cluster
+  when present, else the built-in constants.
+"""
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..algorithms import Params
+from .model import ClusterModel, emulated
+from .predict import predict
+
+__all__ = ["SEGMENTS", "candidates", "best_params", "table", "default_model", "load_calibration",
+           "lookup", "auto_params"]
+
+SEGMENTS = (0, 64 << 10, 256 << 10, 1 << 20)
+CALIBRATION_FILE = Path(__file__).resolve().parents[2] / "docs" / "data" / "calibration.json"
+TUNING_FILE = Path(__file__).resolve().parents[2] / "docs" / "data" / "tuning.json"
+
+
+def load_calibration(path: Optional[str] = None) -> Optional[Dict]:
+    path = path or os.environ.get("MCALLREDUCE_CALIBRATION") or str(CALIBRATION_FILE)
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("fit", data)
+
+
+def default_model(hosts: Sequence[Sequence[int]], calibration: Optional[Dict] = None,
+                  rate: str = "200mbit") -> ClusterModel:
+    cal = calibration if calibration is not None else load_calibration()
+    return emulated(len(hosts), max(len(h) for h in hosts), rate=rate, calibration=cal)
+
+
+def candidates(model: ClusterModel, nbytes: int, itemsize: int = 4,
+               algorithms: Sequence[str] = ("multicolor",)) -> List[Tuple[str, Params]]:
+    L, N = model.ranks_per_host, model.hosts
+    out: List[Tuple[str, Params]] = []
+    nelem = max(1, nbytes // itemsize)
+    for seg_bytes in SEGMENTS:
+        seg = seg_bytes // itemsize
+        if seg and seg * 2 > nelem:
+            continue
+        if "multicolor" in algorithms:
+            for hier in ((True, False) if L > 1 else (True,)):
+                nodes = N if hier else N * L
+                colors = sorted({k for k in (1, 2, 3, 4, L, 2 * L, nodes) if 1 <= k <= nodes})
+                for k in colors:
+                    if k > 1 and nelem < 64 * k:
+                        continue
+                    if seg and seg * k * 2 > nelem:
+                        continue
+                    out.append(("multicolor", Params(colors=k, segment=seg, hierarchical=hier)))
+        if "ring" in algorithms and seg_bytes in (0, 256 << 10):
+            out.append(("ring", Params(segment=seg)))
+    return out
+
+
+def _bin(nbytes: int) -> int:
+    b = 1
+    while b < nbytes:
+        b <<= 1
+    return b
+
+
+@lru_cache(maxsize=1024)
+def _best(model: ClusterModel, nbytes: int, itemsize: int, algorithms: Tuple[str, ...]):
+    scored = [(predict(a, model, nbytes, itemsize, p, check=False), a, p)
+              for a, p in candidates(model, nbytes, itemsize, algorithms)]
+    scored.sort(key=lambda x: x[0])
+    return scored
+
+
+def best_params(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int = 4,
+                model: Optional[ClusterModel] = None,
+                algorithms: Sequence[str] = ("multicolor",)) -> Tuple[str, Params]:
+    """The fastest (algorithm, Params) for ``nbytes`` on ``hosts`` according to ``model``.
+
+    ``nbytes`` is rounded up to a power of two (the table's bins); segments are in
+    elements of ``itemsize``, as the runtime expects.
+    """
+    model = model or default_model(hosts)
+    if len(hosts) != model.hosts or max(len(h) for h in hosts) != model.ranks_per_host:
+        model = model.with_(hosts=len(hosts), ranks_per_host=max(len(h) for h in hosts))
+    if model.nranks == 1:
+        return algorithms[0], Params(colors=1)
+    scored = _best(model, _bin(max(int(nbytes), itemsize)), itemsize, tuple(algorithms))
+    _, algorithm, params = scored[0]
+    return algorithm, params
+
+
+def table(model: ClusterModel, sizes: Sequence[int], itemsize: int = 4) -> List[Dict]:
+    """One row per size: the best multicolor Params, its predicted time, and ring's for comparison."""
+    rows = []
+    for n in sizes:
+        scored = _best(model, n, itemsize, ("multicolor", "ring"))
+        best_mc = next((t, p) for t, a, p in scored if a == "multicolor")
+        best_ring = next((t, p) for t, a, p in scored if a == "ring")
+        t, p = best_mc
+        rows.append({"size_bytes": n, "colors": p.colors, "segment_bytes": p.segment * itemsize,
+                     "hierarchical": p.hierarchical, "predicted_s": t,
+                     "ring_predicted_s": best_ring[0], "ring_segment_bytes": best_ring[1].segment * itemsize,
+                     "speedup_vs_ring": best_ring[0] / t})
+    return rows
+
+
+@lru_cache(maxsize=8)
+def _tables(path: str) -> Dict:
+    try:
+        return json.loads(Path(path).read_text()).get("tables", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def lookup(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int = 4,
+           path: Optional[str] = None) -> Optional[Tuple[str, Params]]:
+    """The written table's choice for this layout (rows: the first size >= nbytes, else the
+    last), or None when the table has no entry for ``len(hosts)`` x ``max ranks per host``."""
+    path = path or os.environ.get("MCALLREDUCE_TUNING") or str(TUNING_FILE)
+    rows = _tables(path).get(f"{len(hosts)}h{max(len(h) for h in hosts)}r")
+    if not rows:
+        return None
+    rows = sorted(rows, key=lambda r: r["size_bytes"])
+    row = next((r for r in rows if r["size_bytes"] >= nbytes), rows[-1])
+    seg = row["segment_bytes"] // itemsize if row["segment_bytes"] else 0
+    return "multicolor", Params(colors=row["colors"], segment=seg, hierarchical=row["hierarchical"])
+
+
+def auto_params(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int = 4) -> Tuple[str, Params]:
+    """What config.resolve should use for "auto": the tuning table, else the model search."""
+    return lookup(hosts, nbytes, itemsize) or best_params(hosts, nbytes, itemsize)
