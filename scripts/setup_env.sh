@@ -3,7 +3,8 @@
 #   Open MPI (Debian packages) -> .venv -> torch 2.13.0 (CPU) + numpy + mpi4py built
 #   against that MPI -> the package itself (editable).
 # A second run with unchanged inputs does nothing: a stamp file records what was done.
-# Usage: scripts/setup_env.sh            (core + test tools)
+#   -> Horovod 0.28.1 built once against that torch (scripts/build_horovod.sh, cached wheel).
+# Usage: scripts/setup_env.sh
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 venv="$repo/.venv"
@@ -35,7 +36,7 @@ fi
 stamp="$venv/.mcallreduce-setup"
 want=$(cat "$repo/scripts/setup_env.sh" "$repo/setup.py" "$repo"/scripts/requirements-*.txt 2>/dev/null | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import mcallreduce, mpi4py, torch' 2>/dev/null; then
-  exit 0   # already set up with these exact inputs
+  exec "$repo/scripts/build_horovod.sh"   # Python side already set up with these exact inputs
 fi
 if [ ! -x "$py" ]; then
   say "creating $venv"
@@ -73,4 +74,6 @@ for req in "$repo"/scripts/requirements-*.txt; do
 done
 "${pip[@]}" --no-deps --no-build-isolation -e "$repo"
 echo "$want" > "$stamp"
+# 6. Horovod 0.28.1, patched to build against torch 2.13 (cached wheel; about 4 minutes once).
+"$repo/scripts/build_horovod.sh"
 say "environment ready: $venv"
