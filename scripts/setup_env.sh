@@ -35,7 +35,7 @@ fi
 # 2. The virtual environment (ignored by git).
 stamp="$venv/.mcallreduce-setup"
 want=$(cat "$repo/scripts/setup_env.sh" "$repo/setup.py" "$repo"/scripts/requirements-*.txt 2>/dev/null | sha256sum | cut -c1-16)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import mcallreduce, mpi4py, torch' 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("mcallreduce", "mpi4py", "torch"))))' 2>/dev/null; then
   exec "$repo/scripts/build_horovod.sh"   # Python side already set up with these exact inputs
 fi
 if [ ! -x "$py" ]; then
