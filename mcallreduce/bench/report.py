@@ -55,6 +55,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--skip-measure", action="store_true", help="only model and write, from the saved JSON")
+    ap.add_argument("--latency-only", action="store_true",
+                    help="re-run only the calibration and the per-setup barrier, keep the sweep's JSON")
     ap.add_argument("--skip-paper", action="store_true", help="no paper-scale predictions (slow: ~2 min)")
     ap.add_argument("--docs", default=str(REPO / "docs"))
     ns = ap.parse_args(argv)
@@ -69,7 +71,7 @@ def setup_name(hosts: int, rph: int) -> str:
 
 def measure(ns: argparse.Namespace, data: Path) -> None:
     from .cluster import Cluster
-    from ..sim.calibrate import fit, run_calibration
+    from ..sim.calibrate import fit, run_barrier, run_calibration
     from ..sim.model import parse_rate
 
     py = sys.executable
@@ -88,6 +90,13 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
                 write_json(data / "calibration.json", {"setup": setup_name(hosts, rph), "rate": ns.rate,
                                                        "raw": raw, "fit": cal})
                 calibrated = True
+            barrier = run_barrier(cluster, python=py, env=env)
+            if ns.latency_only:
+                f = data / f"bench-{setup_name(hosts, rph)}.json"
+                doc = json.loads(f.read_text())
+                doc["barrier"] = barrier
+                write_json(f, doc)
+                continue
             runs = [ns.sizes]
             if ns.big and rph == 1 and hosts == 4 and not big_done:
                 runs.append(ns.big)
@@ -109,12 +118,13 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
                 records += measure_horovod(cluster, ns, env, data)
             write_json(data / f"bench-{setup_name(hosts, rph)}.json",
                        {"setup": setup_name(hosts, rph), "hosts": hosts, "ranks_per_host": rph,
-                        "rate": ns.rate, "records": records})
+                        "rate": ns.rate, "barrier": barrier, "records": records})
             log.append(f"{setup_name(hosts, rph)}: {time.time() - t0:.0f} s")
             print(f"[report] {log[-1]}", file=sys.stderr, flush=True)
     finally:
         cluster.down()
-    write_json(data / "sweep-log.json", {"log": log, "date": time.strftime("%Y-%m-%d %H:%M")})
+    if not ns.latency_only:
+        write_json(data / "sweep-log.json", {"log": log, "date": time.strftime("%Y-%m-%d %H:%M")})
 
 
 HOROVOD_RANK = r"""
@@ -163,12 +173,24 @@ def write_json(path: Path, payload) -> None:
 
 
 # ---------------------------------------------------------------- modelling
-def model_points(setups: List[Dict], cal: Dict) -> List[Dict]:
+def setup_model(s: Dict, cal: Optional[Dict]):
+    """The emulated model of one setup: calibrated constants, and the per-round latency
+    its own barrier measured while all its ranks ran (the 2 shared cores' scheduling delay)."""
+    from ..sim.calibrate import loaded_alpha
     from ..sim.model import emulated
+    m = emulated(s["hosts"], s["ranks_per_host"], rate=s["rate"], calibration=cal, cores=None)
+    b = s.get("barrier")
+    if b:
+        a = loaded_alpha(b["barrier_s"], b["ranks"])
+        m = m.with_(alpha=max(m.alpha, a), intra_alpha=max(m.intra_alpha, a))
+    return m
+
+
+def model_points(setups: List[Dict], cal: Dict) -> List[Dict]:
     from ..sim.predict import predict, runtime_params
     pts = []
     for s in setups:
-        model = emulated(s["hosts"], s["ranks_per_host"], rate=s["rate"], calibration=cal)
+        model = setup_model(s, cal)
         for r in s["records"]:
             if "skipped" in r or r["algorithm"] not in ALGOS + ("horovod",):
                 continue
@@ -474,12 +496,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cal_doc = json.loads((data / "calibration.json").read_text()) if (data / "calibration.json").exists() else {}
     pts = model_points(setups, cal_doc.get("fit"))
     write_json(data / "model-vs-measured.json", pts)
-    from ..sim.model import emulated, parse_rate
+    from ..sim.model import parse_rate
     from ..sim.tuner import table
     tuning = {}
     for s in setups:
-        m = emulated(s["hosts"], s["ranks_per_host"], rate=s["rate"], calibration=cal_doc.get("fit"))
-        tuning[s["setup"]] = table(m, [4 << 10, 64 << 10, 1 << 20, 8 << 20])
+        tuning[s["setup"]] = table(setup_model(s, cal_doc.get("fit")), [4 << 10, 64 << 10, 1 << 20, 8 << 20])
     write_json(data / "tuning.json", {"calibration": cal_doc.get("fit"), "tables": tuning})
     paper_rows = []
     if not ns.skip_paper:

@@ -7,7 +7,9 @@ on every host) measures, between ranks 0 and 1 on two different hosts (and ranks
 * ping-pong half round trips for 8 B .. 32 KiB -> ``alpha`` (the intercept of a
   least-squares line through time vs bytes);
 * a one-way stream of 8 MiB messages -> ``nic_efficiency`` = achieved / configured rate;
-* a simultaneous two-way exchange (Sendrecv) of the same size -> ``duplex`` (1.0: full duplex);
+* a simultaneous two-way exchange (Sendrecv) of the same size -> ``duplex`` (1.0: full duplex),
+  and a two-way exchange of 256 KiB segments, 4 in flight (the runtime's pipelining) ->
+  ``duplex_small`` (the factor for messages below ``duplex_min_bytes``);
 * numpy's in-place add on 4 MiB float32 -> ``gamma`` (seconds per byte);
 * mcallreduce's own engine: a 1-element ring allreduce on the two ranks (metadata check off),
   from which :func:`fit` solves ``overhead`` (CPU seconds per posted step) by bisection so
@@ -31,6 +33,7 @@ __all__ = ["fit", "fit_line", "fit_overhead", "rank_main", "run_calibration"]
 PING_SIZES = (8, 256, 1024, 2048, 4096, 16384, 32768)
 FIT_SIZES = (256, 4096)   # alpha and the burst speed come from sizes the shaper's bucket passes
 STREAM_BYTES = 8 << 20
+SEGMENT_BYTES = 256 << 10
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple:
@@ -74,15 +77,19 @@ def fit(raw: Dict, rate_Bps: float) -> Dict[str, float]:
     out = {"alpha": max(alpha, 1e-6), "nic_efficiency": min(eff, 1.0),
            "peak_Bps": float(min(max(1.0 / max(slope, 1e-12), 50e6), 5e9)),
            "duplex": min(1.0, inter["exchange_Bps"] / inter["stream_Bps"]),
+           "duplex_small": min(1.0, inter.get("seg_exchange_Bps", inter["exchange_Bps"]) / inter["stream_Bps"]),
            "gamma": raw["gamma"]}
     intra = raw.get("intra")
     if intra:
         a, b = fit_line([s for s, _ in intra["pingpong"]], [t for _, t in intra["pingpong"]])
         out["intra_alpha"] = max(a, 1e-6)
         out["intra_Bps"] = intra["stream_Bps"]
-    two = ClusterModel(hosts=2, nic_Bps=rate_Bps * min(eff, 1.0), alpha=out["alpha"], gamma=out["gamma"],
+    # the engine test ran while the machine was busy: its messages see the loaded latency
+    # (a 2-rank barrier is one round), the rest of its time is the engine's per-step cost
+    out["alpha_loaded"] = max(out["alpha"], inter.get("barrier_s", 0.0))
+    two = ClusterModel(hosts=2, nic_Bps=rate_Bps * min(eff, 1.0), alpha=out["alpha_loaded"], gamma=out["gamma"],
                        burst_bytes=max(int(rate_Bps * 0.005), 128 * 1024), peak_Bps=out["peak_Bps"],
-                       duplex=out["duplex"], cores=raw.get("cores"))
+                       duplex=out["duplex"], duplex_small=out["duplex_small"], cores=raw.get("cores"))
     out["overhead"] = fit_overhead(raw["engine_ring_1elem_s"], two)
     return out
 
@@ -150,6 +157,7 @@ def rank_main(argv: Optional[List[str]] = None) -> int:
     raw["pingpong"] = [(s, _pingpong(comm, me, 1 - me, s, ns.reps)) for s in PING_SIZES]
     raw["stream_Bps"] = _stream(comm, me, 1 - me, STREAM_BYTES, ns.stream_reps, both=False)
     raw["exchange_Bps"] = _stream(comm, me, 1 - me, STREAM_BYTES, ns.stream_reps, both=True)
+    raw["seg_exchange_Bps"] = _seg_exchange(comm, 1 - me, SEGMENT_BYTES, 48, 4)
     if me == 0:   # gamma: numpy in-place add while the peer sleeps
         a, b = np.ones(1 << 20, np.float32), np.ones(1 << 20, np.float32)
         np.add(a, b, out=a)
@@ -158,6 +166,7 @@ def rank_main(argv: Optional[List[str]] = None) -> int:
             np.add(a, b, out=a)
         raw["gamma"] = (time.perf_counter() - t0) / 20 / a.nbytes
     _idle_wait(comm)
+    raw["barrier_s"] = _barrier(comm, ns.reps)
     from ..runtime import allreduce   # the engine: a 1-element ring allreduce, check off
     x = np.ones(1, np.float32)
     for _ in range(5):
@@ -174,6 +183,63 @@ def rank_main(argv: Optional[List[str]] = None) -> int:
     if me == 0:
         print("CALIBRATION " + json.dumps(raw), flush=True)
     return 0
+
+
+def _seg_exchange(comm, peer: int, seg: int, count: int, window: int) -> float:
+    """Both ranks send ``count`` segments to each other, ``window`` in flight (the runtime's
+    pipelined pattern): bytes per second and direction."""
+    from mpi4py import MPI
+    out = np.ones(seg * window, np.uint8)
+    inn = np.zeros(seg * window, np.uint8)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for base in range(0, count, window):
+        reqs = []
+        for k in range(min(window, count - base)):
+            reqs.append(comm.Irecv([inn[k * seg:(k + 1) * seg], MPI.BYTE], peer, 11))
+            reqs.append(comm.Isend([out[k * seg:(k + 1) * seg], MPI.BYTE], peer, 11))
+        MPI.Request.Waitall(reqs)
+    comm.Sendrecv([out, 1, MPI.BYTE], peer, 12, [inn, 1, MPI.BYTE], peer, 12)
+    return seg * count / (time.perf_counter() - t0)
+
+
+def _barrier(comm, reps: int) -> float:
+    """Median MPI_Barrier time (slowest rank): one exchange round per log2(p) under this load."""
+    from mpi4py import MPI
+    for _ in range(5):
+        comm.Barrier()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        comm.Barrier()
+        times.append(time.perf_counter() - t0)
+    worst = np.empty(len(times))
+    comm.Allreduce(np.array(times), worst, op=MPI.MAX)
+    return float(np.median(worst))
+
+
+def barrier_main(argv: Optional[List[str]] = None) -> int:
+    """All ranks of a setup: the per-round latency of small messages while every rank is in MPI."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    t = _barrier(comm, 40)
+    if comm.Get_rank() == 0:
+        print("BARRIER " + json.dumps({"ranks": comm.Get_size(), "barrier_s": t}), flush=True)
+    return 0
+
+
+def run_barrier(cluster, python: str = sys.executable, env: Optional[Dict[str, str]] = None,
+                timeout: float = 120.0) -> Dict:
+    proc = cluster.run([python, "-m", "mcallreduce.sim.calibrate", "barrier"], env=env, timeout=timeout)
+    for line in proc.stdout.splitlines():
+        if line.startswith("BARRIER "):
+            return json.loads(line[len("BARRIER "):])
+    raise RuntimeError(f"barrier job failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def loaded_alpha(barrier_s: float, ranks: int) -> float:
+    """Per-round latency from a barrier time (Open MPI: recursive doubling / Bruck, ceil(log2 p) rounds)."""
+    return barrier_s / max(1, int(np.ceil(np.log2(max(ranks, 2)))))
 
 
 def _job(cluster, argv, extra, env, timeout) -> Dict:
@@ -201,5 +267,7 @@ def run_calibration(cluster, python: str = sys.executable, timeout: float = 300.
 if __name__ == "__main__":
     if sys.argv[1:2] == ["rank"]:
         sys.exit(rank_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["barrier"]:
+        sys.exit(barrier_main(sys.argv[2:]))
     print("usage: python -m mcallreduce.sim.calibrate rank   (on 2 ranks)", file=sys.stderr)
     sys.exit(2)

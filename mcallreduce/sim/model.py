@@ -24,8 +24,8 @@ A :class:`ClusterModel` describes
 * two effects of the emulated cluster, measured by the calibration: ``burst_bytes``
   / ``peak_Bps``, the token bucket of a tc tbf shaper (a message that finds tokens
   passes at ``peak_Bps``, the rest at the rate: time = max(n/peak, (n - tokens)/rate)),
-  and ``duplex``, the per-direction rate of a host pair that exchanges bulk data both
-  ways at once over one TCP connection (measured: 0.6 of the one-way rate; the ACKs of
+  and ``duplex``, the per-direction rate of a rank pair that exchanges bulk data both
+  ways at once over its TCP connection (measured: 0.6 of the one-way rate; the ACKs of
   one direction queue behind the other direction's data in the shaper).
 """
 from __future__ import annotations
@@ -60,7 +60,10 @@ class ClusterModel:
     eager_bytes: int = 65536
     burst_bytes: int = 0                # token bucket of a shaped NIC (tc tbf burst); 0: none
     peak_Bps: float = 0.0               # speed of a burst while the bucket has tokens
-    duplex: float = 1.0                 # per-direction rate while a host pair exchanges both ways
+    duplex: float = 1.0                 # per-direction rate while a connection carries data both ways
+    duplex_min_bytes: int = 1 << 20     # ... for messages at least this large (bulk TCP transfers)
+    duplex_small: float = 1.0           # the same for smaller (pipelined) messages
+    mpi_overhead: float = 2e-6          # CPU per step inside MPI's own (C) collectives
     cores: Optional[int] = None
     hosts_per_switch: Optional[int] = None
     oversubscription: float = 1.0
@@ -114,7 +117,8 @@ def emulated(hosts: int, ranks_per_host: int = 1, rate: str = "200mbit", rails: 
         alpha=c["alpha"], intra_Bps=c["intra_Bps"], intra_alpha=c["intra_alpha"],
         overhead=c["overhead"], gamma=c["gamma"], eager_bytes=65536, cores=cores,
         burst_bytes=max(int(parse_rate(rate) * 0.005), 128 * 1024), peak_Bps=c["peak_Bps"],
-        duplex=c["duplex"],
+        duplex=c["duplex"], duplex_small=c.get("duplex_small", c["duplex"]),
+        mpi_overhead=c.get("mpi_overhead", 2e-6),
         name=f"emulated {rate}" + (f" x{rails} rails" if rails > 1 else ""))
 
 

@@ -77,6 +77,7 @@ def simulate(schedule: Schedule, model: ClusterModel, itemsize: int = 4,
     leaf_bw = (m.hosts_per_switch * m.nics * m.nic_Bps / m.oversubscription) if m.hosts_per_switch else 0.0
     eager = m.eager_bytes
     burst, peak, duplex = float(m.burst_bytes), m.peak_Bps or float("inf"), m.duplex
+    duplex_min, duplex_small = m.duplex_min_bytes, m.duplex_small
     tokens: Dict[tuple, float] = {}
     last_fin: Dict[tuple, float] = {}
     send_post: Dict[tuple, Tuple[float, int, int]] = {}
@@ -142,10 +143,8 @@ def simulate(schedule: Schedule, model: ClusterModel, itemsize: int = 4,
         start = fin = t0
         first = None
         slow = 1.0
-        if inter and duplex < 1.0:
-            pair = (src // rph, dst // rph)
-            if last_fin.get((pair[1], pair[0]), 0.0) > t0:
-                slow = duplex
+        if inter and last_fin.get((dst, src), 0.0) > t0:
+            slow = duplex if nbytes >= duplex_min else duplex_small   # the reverse direction is busy
         for port, bw in hops:
             f0 = free.get(port, 0.0)
             st = start if start > f0 else f0
@@ -170,9 +169,8 @@ def simulate(schedule: Schedule, model: ClusterModel, itemsize: int = 4,
         stats["messages"] += 1
         if inter:
             stats["nic_bytes"] += nbytes
-            pair = (src // rph, dst // rph)
-            if fin > last_fin.get(pair, 0.0):
-                last_fin[pair] = fin
+            if fin > last_fin.get((src, dst), 0.0):
+                last_fin[(src, dst)] = fin
         push(first, _SEND_DONE, src, si)
         push(fin + lat, _ARRIVE, dst, key)
 

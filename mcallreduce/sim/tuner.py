@@ -45,7 +45,10 @@ def load_calibration(path: Optional[str] = None) -> Optional[Dict]:
 def default_model(hosts: Sequence[Sequence[int]], calibration: Optional[Dict] = None,
                   rate: str = "200mbit") -> ClusterModel:
     cal = calibration if calibration is not None else load_calibration()
-    return emulated(len(hosts), max(len(h) for h in hosts), rate=rate, calibration=cal)
+    m = emulated(len(hosts), max(len(h) for h in hosts), rate=rate, calibration=cal, cores=None)
+    if cal and "alpha_loaded" in cal:     # the latency small messages see on the busy machine
+        m = m.with_(alpha=cal["alpha_loaded"], intra_alpha=max(m.intra_alpha, cal["alpha_loaded"]))
+    return m
 
 
 def candidates(model: ClusterModel, nbytes: int, itemsize: int = 4,
