@@ -10,7 +10,7 @@ def test_bench_table_json_and_plot(tmp_path):
     r = run(2, [sys.executable, "-m", "mcallreduce.bench", "--sizes", "4K,256K", "--iters", "3",
                 "--json", str(out), "--plot", str(png)], timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "busbw(GB/s)" in r.stdout and "[1/8] 4K multicolor" in r.stderr   # table and progress
+    assert "busbw(GB/s)" in r.stdout and "[1/2] 4K: multicolor, ring, mpi, mpi-ring" in r.stderr   # table and progress
     records = json.loads(out.read_text())["records"]
     assert {rec["algorithm"] for rec in records} == {"multicolor", "ring", "mpi", "mpi-ring"}
     for rec in records:

@@ -2,9 +2,10 @@
 
     python -m mcallreduce.launch -np 2 -- python -m mcallreduce.bench --sizes 4K,1M,64M
 
-Per size and algorithm: warm-up, then timed iterations. An iteration's time is
-the slowest rank's (a collective is done when its last rank is); the table shows
-the median. algbw = size / time, busbw = algbw * 2(p-1)/p (nccl-tests), so busbw
+Per size: each algorithm is checked and warmed up, then timed iterations run
+the algorithms in turn (a, b, c, a, b, c, ...), so background load on a shared
+machine affects them alike. An iteration's time is the slowest rank's (a
+collective is done when its last rank is); the table shows the median. algbw = size / time, busbw = algbw * 2(p-1)/p (nccl-tests), so busbw
 can be compared with a link's bandwidth whatever the number of ranks. Every
 size is verified against the exact sum of integer-valued data.
 """
@@ -85,7 +86,12 @@ class Runner:
             allreduce(buf, algorithm=algorithm, comm=self.comm, check=not self.ns.no_check)
 
 
-def measure(run: Runner, algorithm: str, size: int, ns: argparse.Namespace) -> Dict:
+def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Namespace) -> List[Dict]:
+    """Time every algorithm at one size, interleaved iteration by iteration.
+
+    Interleaving (a, b, c, a, b, c, ...) exposes all algorithms to the same
+    background load, so their ratios stay meaningful on a shared machine.
+    """
     comm, MPI = run.comm, run.MPI
     p, rank = comm.Get_size(), comm.Get_rank()
     dtype = np.dtype(ns.dtype)
@@ -96,34 +102,39 @@ def measure(run: Runner, algorithm: str, size: int, ns: argparse.Namespace) -> D
     expected = (base * p + p * (p - 1) // 2).astype(dtype)
     buf = np.empty_like(data)
 
-    buf[...] = data
-    run(algorithm, buf)
-    correct = bool(comm.allreduce(int(np.array_equal(buf, expected)), op=MPI.MIN))
-    for _ in range(ns.warmup):
+    def timed(algorithm: str) -> float:
+        buf[...] = data
+        comm.Barrier()
+        t0 = time.perf_counter()
+        run(algorithm, buf)
+        return time.perf_counter() - t0
+
+    correct = {}
+    for algorithm in algorithms:
         buf[...] = data
         run(algorithm, buf)
+        correct[algorithm] = bool(comm.allreduce(int(np.array_equal(buf, expected)), op=MPI.MIN))
+        for _ in range(ns.warmup):
+            timed(algorithm)
     iters = ns.iters
-    if iters <= 0:  # pick a count from one timed call, agreed by all ranks
-        buf[...] = data
-        comm.Barrier()
-        t0 = time.perf_counter()
-        run(algorithm, buf)
-        one = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-        iters = int(min(200, max(3, ns.seconds / max(one, 1e-6))))
-    times = []
-    for _ in range(iters):
-        buf[...] = data
-        comm.Barrier()
-        t0 = time.perf_counter()
-        run(algorithm, buf)
-        times.append(time.perf_counter() - t0)
-    slowest = np.empty(iters)
-    comm.Allreduce(np.array(times), slowest, op=MPI.MAX)
-    t = float(np.median(slowest))
-    algbw = count * dtype.itemsize / t
-    return {"algorithm": algorithm, "size_bytes": int(count * dtype.itemsize), "count": int(count),
-            "dtype": dtype.name, "ranks": p, "iters": iters, "time_s": t, "time_min_s": float(slowest.min()),
-            "algbw_Bps": algbw, "busbw_Bps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "correct": correct}
+    if iters <= 0:  # a count from one call of each, agreed by all ranks
+        one = comm.allreduce(sum(timed(a) for a in algorithms), op=MPI.MAX)
+        iters = int(min(200, max(3, ns.seconds * len(algorithms) / max(one, 1e-6))))
+    times = np.empty((iters, len(algorithms)))
+    for i in range(iters):
+        for j, algorithm in enumerate(algorithms):
+            times[i, j] = timed(algorithm)
+    slowest = np.empty_like(times)
+    comm.Allreduce(times, slowest, op=MPI.MAX)   # an iteration ends when its last rank ends
+    records = []
+    for j, algorithm in enumerate(algorithms):
+        t = float(np.median(slowest[:, j]))
+        algbw = count * dtype.itemsize / t
+        records.append({"algorithm": algorithm, "size_bytes": int(count * dtype.itemsize), "count": int(count),
+                        "dtype": dtype.name, "ranks": p, "iters": iters, "time_s": t,
+                        "time_min_s": float(slowest[:, j].min()), "algbw_Bps": algbw,
+                        "busbw_Bps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "correct": correct[algorithm]})
+    return records
 
 
 def table(records: List[Dict]) -> str:
@@ -186,17 +197,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     run = Runner(comm, ns)
     hosts = Context.get(comm).hosts
     records: List[Dict] = []
-    total = len(ns.sizes) * len(ns.algorithms)
     for i, size in enumerate(ns.sizes):
-        for j, algorithm in enumerate(ns.algorithms):
+        if rank == 0 and not ns.quiet:  # progress (stderr keeps stdout a clean table)
+            print(f"[{i + 1}/{len(ns.sizes)}] {human(size)}: {', '.join(ns.algorithms)}", file=sys.stderr, flush=True)
+        runnable = []
+        for algorithm in ns.algorithms:
             why = run.available(algorithm, np.dtype(ns.dtype))
-            if rank == 0 and not ns.quiet:  # progress (stderr keeps stdout a clean table)
-                print(f"[{i * len(ns.algorithms) + j + 1}/{total}] {human(size)} {algorithm}",
-                      file=sys.stderr, flush=True)
             if why:
                 records.append({"algorithm": algorithm, "size_bytes": size, "skipped": why})
-                continue
-            rec = measure(run, algorithm, size, ns)
+            else:
+                runnable.append(algorithm)
+        for rec in measure_size(run, runnable, size, ns):
             rec["hosts"] = len(hosts)
             records.append(rec)
     if rank == 0:
