@@ -1,0 +1,21 @@
+"""Horovod plugin: Horovod's allreduces through mcallreduce's multi-color engine.
+
+Two ways in, both governed by environment variables (see :mod:`.state` and docs/horovod.md):
+
+* zero code change: ``MCALLREDUCE_ALGORITHM=multicolor horovodrun -np 4 python train.py``;
+  the startup hook (``mcallreduce-horovod.pth``) patches ``horovod.torch`` when it is imported;
+* one line: ``import mcallreduce.horovod.torch as hvd``.
+
+Nothing here imports torch, Horovod or mpi4py: the startup hook loads this package in every
+process where a MCALLREDUCE_* variable is set.
+"""
+from .state import stats, stock_horovod
+
+__all__ = ["stats", "stock_horovod", "is_active"]
+
+
+def is_active() -> bool:
+    """True once hvd.init() has switched Horovod's allreduces over to mcallreduce."""
+    import sys
+    routing = sys.modules.get("mcallreduce.horovod.routing")
+    return bool(routing and routing.ROUTER.active)

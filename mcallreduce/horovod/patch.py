@@ -1,0 +1,111 @@
+"""Patching ``horovod.torch`` (after it was imported) and switching the router on at hvd.init().
+
+What changes in the module: ``mpi_ops.mpi_lib`` becomes the routing proxy, ``init`` activates
+the plugin after stock init, ``shutdown`` deactivates it first, ``DistributedOptimizer``
+becomes the bucketed one. Before ``hvd.init()`` and whenever activation declines (Gloo
+controller, elastic mode, a sub-communicator), every call goes to stock Horovod unchanged.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import sys
+import warnings
+
+from . import state
+from .bucketing import make_distributed_optimizer
+from .routing import ROUTER, MpiLibProxy
+
+
+def patch_horovod_torch(hvd) -> None:
+    """Patch the imported ``horovod.torch`` package (idempotent)."""
+    if getattr(hvd, "_mcallreduce_patched", False):
+        return
+    mpi_ops = sys.modules["horovod.torch.mpi_ops"]
+    optimizer_module = sys.modules["horovod.torch.optimizer"]
+    ops = {name: getattr(mpi_ops, name) for name in ("Average", "Sum", "Adasum", "Min", "Max", "Product")}
+    mpi_ops.mpi_lib = MpiLibProxy(mpi_ops.mpi_lib, ops)
+
+    stock_init, stock_shutdown = mpi_ops.init, mpi_ops.shutdown
+
+    @functools.wraps(stock_init)
+    def init(*args, **kwargs):
+        stock_init(*args, **kwargs)
+        _activate(hvd, kwargs.get("comm", args[0] if args else None))
+
+    @functools.wraps(stock_shutdown)
+    def shutdown(*args, **kwargs):
+        _stop_progress()   # before Horovod finalizes MPI
+        return stock_shutdown(*args, **kwargs)
+
+    optimizer = make_distributed_optimizer(optimizer_module.DistributedOptimizer)
+    for module in (hvd, mpi_ops):
+        module.init, module.shutdown = init, shutdown
+    hvd.DistributedOptimizer = optimizer_module.DistributedOptimizer = optimizer
+    hvd._mcallreduce_patched = True
+
+
+def _decline(feature: str) -> None:
+    warnings.warn(f"mcallreduce: {feature} is not supported by the multi-color fast path; "
+                  "this job runs stock Horovod", RuntimeWarning, stacklevel=3)
+
+
+def _activate(hvd, comm_arg) -> None:
+    """After stock hvd.init(): route allreduces through mcallreduce, or say why not."""
+    if os.environ.get("HOROVOD_ELASTIC") == "1":
+        return _decline("elastic mode")
+    if not hvd.mpi_enabled() or hvd.gloo_enabled():
+        return _decline("the Gloo controller")
+    from mpi4py import MPI   # MPI is initialised by Horovod at this point: mpi4py adopts it
+
+    world = MPI.COMM_WORLD
+    if comm_arg is None:
+        comm = None
+    elif isinstance(comm_arg, MPI.Comm):
+        comm = None if MPI.Comm.Compare(comm_arg, world) in (MPI.IDENT, MPI.CONGRUENT) else comm_arg
+    elif list(comm_arg) == list(range(world.Get_size())):
+        comm = None
+    else:
+        return _decline("hvd.init(comm=<a subset of ranks>)")
+    ours = world if comm is None else comm
+    if ours.Get_size() != hvd.size() or ours.Get_rank() != hvd.rank():
+        return _decline("a communicator that does not match Horovod's ranks")
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE or not hvd.mpi_threads_supported():
+        raise RuntimeError(
+            "mcallreduce: the Horovod plugin needs MPI_THREAD_MULTIPLE (its progress thread calls MPI "
+            f"next to Horovod's), but this MPI provides thread level {MPI.Query_thread()}. Unset "
+            "HOROVOD_MPI_THREADS_DISABLE or use an MPI built with thread support, or unset the "
+            "MCALLREDUCE_* variables (or set MCALLREDUCE_HOROVOD=0) to run stock Horovod.")
+    import mcallreduce
+    from mcallreduce import config, runtime
+
+    settings = config.current()              # a bad MCALLREDUCE_* value raises here, clearly
+    state.bucket_bytes()
+    ctx = runtime.Context.get(comm)          # collective: every rank is inside hvd.init()
+    runtime.start_progress_thread(comm)
+    atexit.register(_stop_progress)   # runs before Horovod's atexit shutdown (registered earlier)
+    ROUTER.comm = comm
+    ROUTER.exit_comm = ours.Dup()
+    ROUTER.active = True
+    if ctx.rank == 0:
+        colors = settings.colors if settings.colors is not None else "auto"
+        print(f"mcallreduce {mcallreduce.__version__}: {settings.algorithm} allreduce active "
+              f"(ranks={ctx.size}, hosts={len(ctx.hosts)}, colors={colors})", file=sys.stderr, flush=True)
+
+
+def _stop_progress() -> None:
+    """Stop routing and the engine's progress thread on every rank, then let Horovod shut down.
+
+    Why the barrier: Horovod's shutdown on one rank ends the background loop of *every* rank,
+    and each then finalizes MPI from its Horovod thread, whatever else that process is doing.
+    A rank that is still busy (rank 0 saving a checkpoint, say) would have its progress
+    thread inside MPI_Waitsome when that happens (a segfault in Open MPI 4.1.4). So every
+    rank first stops its own thread, and no rank lets Horovod shut down before all have.
+    """
+    if not ROUTER.active:
+        return
+    ROUTER.active = False
+    from mcallreduce import runtime
+    runtime.Context.get(ROUTER.comm).engine.stop_thread()
+    ROUTER.exit_comm.Barrier()

@@ -1,0 +1,61 @@
+"""Plugin behaviour stock Horovod has no counterpart for (run with the plugin on).
+
+Prints one "CHECK <name> <ok|FAILED ...>" line per check from rank 0.
+"""
+import warnings
+
+import torch
+import mcallreduce.horovod.torch as hvd
+import mcallreduce.horovod as plugin
+
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+checks = {}
+
+# 1. different names at the same position raise on every rank (stock would match by name)
+try:
+    hvd.allreduce(torch.ones(5), name=f"metric.{rank}")
+    checks["name_mismatch_raises"] = False
+except hvd.HorovodInternalError as exc:
+    checks["name_mismatch_raises"] = "metric." in str(exc)
+
+# 2. a feature off the fast path warns once and still gives stock Horovod's answer
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    before = plugin.stats()["fallback"]
+    a = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Max)
+    b = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Max)
+    messages = [str(w.message) for w in caught if "op Max" in str(w.message)]
+    checks["fallback_warns_once"] = (len(messages) == 1 and a.item() == b.item() == size - 1
+                                     and plugin.stats()["fallback"] - before == 2)
+
+# 3. routed calls are counted; the optimizer's gradients travel in buckets
+before = plugin.stats()
+model = torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.Linear(10, 2))
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters())
+model(torch.ones(2, 10)).sum().backward()
+opt.step()
+hvd.allreduce(torch.ones(3))
+after = plugin.stats()
+checks["counts"] = after["routed"] - before["routed"] == 1 and after["buckets"] - before["buckets"] >= 1
+checks["active"] = plugin.is_active()
+
+# 4. rank-dependent hook order (a layer used only on rank 0) still reduces correctly
+model = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                               named_parameters=model.named_parameters())
+x = torch.ones(1, 4)
+out = model[1](model[0](x)) if rank == 0 else model[0](x)
+out.sum().backward()
+opt.synchronize()
+grads = hvd.allgather(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).reshape(1, -1))
+checks["dynamic_graph"] = all(torch.equal(grads[0], g) for g in grads)
+with opt.skip_synchronize():
+    opt.step()
+
+oks = hvd.allgather_object(checks)
+if rank == 0:
+    for name in checks:
+        ok = all(c[name] for c in oks)
+        print(f"CHECK {name} {'ok' if ok else 'FAILED ' + str([c[name] for c in oks])}", flush=True)

@@ -1,0 +1,41 @@
+"""Horovod allreduce semantics with the plugin on and off, under mpirun -np 2 and -np 3."""
+import pytest
+import torch
+
+from hvd_helpers import OFF, ON, explain, mpi_job, needs_horovod
+
+pytestmark = needs_horovod
+
+ERROR_CASES = ("duplicate_name_error", "shape_mismatch_error", "same_count_other_shape_error",
+               "dtype_mismatch_error", "optimizer_zero_grad_before_step_error")
+
+
+def conformance(np_, env, path):
+    result = mpi_job(np_, "conformance.py", path, env=env)
+    assert result.returncode == 0 and "CONFORMANCE" in result.stdout, explain(result)
+    saved = torch.load(path)
+    assert saved["size"] == np_
+    assert saved["differing_across_ranks"] == [], saved["differing_across_ranks"]
+    return saved["results"], result
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_plugin_matches_stock_horovod(np_, tmp_path):
+    stock, _ = conformance(np_, OFF, tmp_path / "stock.pt")
+    plugin, run = conformance(np_, ON, tmp_path / "plugin.pt")
+    assert "allreduce active" in run.stderr and "allreduce active" not in run.stdout
+    assert stock.keys() == plugin.keys()
+    for name in ERROR_CASES:   # the error cases raise in both modes
+        assert isinstance(stock[name], str) and stock[name].startswith("raised"), (name, stock[name])
+        assert isinstance(plugin[name], str) and plugin[name].startswith("raised"), (name, plugin[name])
+    for name, want in stock.items():
+        got = plugin[name]
+        if isinstance(want, str):
+            assert type(got) is str, (name, want, got)
+            continue
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        if not want.is_floating_point():
+            assert torch.equal(got, want), name                      # integers: bitwise
+        else:
+            tol = 2e-3 if want.dtype == torch.float16 or "fp16" in name else 1e-5
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=name)

@@ -1,0 +1,56 @@
+"""The startup hook: an unmodified Horovod script gets the plugin only when asked."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from hvd_helpers import explain, install_startup_hook, mpi_job, needs_horovod
+
+
+@pytest.fixture(scope="module", autouse=True)
+def startup_hook():
+    install_startup_hook()
+
+
+def report(result):
+    assert result.returncode == 0, explain(result)
+    return dict(re.findall(r"^(SUM|WEIGHTS_EQUAL|PATCHED|ROUTED) (.*)$", result.stdout, re.M))
+
+
+@needs_horovod
+@pytest.mark.parametrize("env, active", [
+    ({}, False),                                                         # nothing set: stock
+    ({"MCALLREDUCE_ALGORITHM": "multicolor"}, True),                     # the issue's switch
+    ({"MCALLREDUCE_HOROVOD": "1"}, True),
+    ({"MCALLREDUCE_ALGORITHM": "ring", "MCALLREDUCE_HOROVOD": "0"}, False),   # 0 wins
+])
+def test_unmodified_script(env, active):
+    result = mpi_job(2, "unmodified.py", env=env)
+    seen = report(result)
+    assert seen["SUM"] == "3" and seen["WEIGHTS_EQUAL"] == "True", seen
+    assert seen["PATCHED"] == str(active)
+    lines = [l for l in result.stderr.splitlines() if "allreduce active" in l]
+    if active:
+        algorithm = env.get("MCALLREDUCE_ALGORITHM", "multicolor")
+        assert len(lines) == 1 and re.search(
+            rf"^mcallreduce \S+: {algorithm} allreduce active \(ranks=2, hosts=1, colors=auto\)$", lines[0]), lines
+        assert seen["ROUTED"].startswith("1 BUCKETS ") and not seen["ROUTED"].endswith(" 0"), seen
+    else:
+        assert lines == [] and seen["ROUTED"] == "0 BUCKETS 0", seen
+    # nothing else on stdout: only the script's own four lines
+    assert len(result.stdout.splitlines()) == 4, result.stdout
+
+
+def test_unset_costs_no_import():
+    # Without MCALLREDUCE_* the .pth line must not even import mcallreduce.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCALLREDUCE_")}
+    code = "import sys; print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('mcallreduce', 'torch', 'mpi4py'))))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == []
+    # With the variable set it installs the finder, still without torch or MPI.
+    env["MCALLREDUCE_ALGORITHM"] = "multicolor"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    modules = out.stdout.split()
+    assert "mcallreduce.horovod.startup" in modules and not [m for m in modules if not m.startswith("mcallreduce")]
