@@ -229,3 +229,31 @@ def test_report_splices_only_its_section_and_checks_goals(tmp_path):
     assert rows["4 hosts, 32 MiB: multicolor vs MPI default"] is True
     assert rows["4 hosts, 32 MiB: multicolor vs Open MPI ring"] is False
     assert rows["8 hosts, 64 KiB: multicolor time / ring time"] is True
+
+
+def test_tune_cli_writes_the_table(tmp_path, capsys):
+    from mcallreduce.bench import tune
+    out = tmp_path / "tuning.json"
+    assert tune.main(["--hosts", "2", "--ranks-per-host", "1,2", "--sizes", "4K,256K", "--out", str(out)]) == 0
+    tables = json.loads(out.read_text())["tables"]
+    assert set(tables) == {"2h1r", "2h2r"} and [r["size_bytes"] for r in tables["2h2r"]] == [4096, 262144]
+    assert "vs ring" in capsys.readouterr().out
+    assert tuner.lookup([[0, 1], [2, 3]], 5000, 4, str(out))[0] == "multicolor"
+
+
+def test_report_from_saved_measurements(tmp_path):
+    from mcallreduce.bench import report
+    data = tmp_path / "data"
+    data.mkdir()
+    recs = [{"algorithm": a, "size_bytes": n, "time_s": t, "busbw_Bps": n / t, "ranks": 2, "correct": True}
+            for a in report.ALGOS for n, t in ((4096, 1e-3), (1 << 20, 0.05))]
+    (data / "bench-2h1r.json").write_text(json.dumps(
+        {"setup": "2h1r", "hosts": 2, "ranks_per_host": 1, "rate": "200mbit",
+         "barrier": {"ranks": 2, "barrier_s": 5e-4}, "records": recs}))
+    (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\nkeep me\n")
+    assert report.main(["--skip-measure", "--skip-paper", "--setups", "2x1", "--docs", str(tmp_path)]) == 0
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "keep me" in text and report.BEGIN in text and "Model vs measurement" in text
+    assert (tmp_path / "img" / "busbw.png").read_bytes()[:4] == b"\x89PNG"
+    pts = json.loads((data / "model-vs-measured.json").read_text())
+    assert len(pts) == len(recs) and all(p["predicted_s"] > 0 for p in pts)

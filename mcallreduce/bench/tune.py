@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from ..config import parse_size
-from ..sim.model import emulated, paper
-from ..sim.tuner import TUNING_FILE, load_calibration, table
+from ..sim.model import paper
+from ..sim.tuner import TUNING_FILE, default_model, load_calibration, table
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
 
@@ -47,13 +47,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", default=str(TUNING_FILE), help="JSON table to write ('-': none)")
     ns = ap.parse_args(argv)
     sizes = [parse_size(s) for s in ns.sizes.split(",") if s]
-    cal = load_calibration(ns.calibration)
+    cal = load_calibration(ns.calibration) or {}
     tables, models = {}, {}
     for h in (int(x) for x in ns.hosts.split(",")):
         for r in (int(x) for x in ns.ranks_per_host.split(",")):
+            layout = [list(range(i * r, (i + 1) * r)) for i in range(h)]
             m = (paper(h, ns.nics, ranks_per_host=r) if ns.model == "paper"
-                 else emulated(h, r, rate=ns.rate, calibration=cal, ) if ns.nics == 1
-                 else emulated(h, r, rate=ns.rate, rails=ns.nics, calibration=cal))
+                 else default_model(layout, cal, rate=ns.rate, rails=ns.nics))
             name = f"{h}h{r}r"
             rows = table(m, sizes)
             tables[name], models[name] = rows, m.to_dict()
