@@ -10,13 +10,14 @@ colors-by-size table (which was measured) and NCCL's tuner (which is a cost mode
   binned to powers of two and memoised, so a training loop pays the search once per bin;
 * :func:`table` -- the table for a layout and a list of sizes (``python -m mcallreduce.bench tune``);
 * :func:`default_model` -- the model for a layout: the calibration file
-  (``$MCALLREDUCE_CALIBRATION`` or docs/data/calibration.json) of the emulated cluster
-  when present, else the built-in constants.
+  (docs/data/calibration.json, or a path given) of the emulated cluster when present,
+  else the built-in constants.
+
+No ``MCALLREDUCE_*`` variable is read here (config.py reads them all): callers pass paths.
 """
 from __future__ import annotations
 
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -34,7 +35,7 @@ TUNING_FILE = Path(__file__).resolve().parents[2] / "docs" / "data" / "tuning.js
 
 
 def load_calibration(path: Optional[str] = None) -> Optional[Dict]:
-    path = path or os.environ.get("MCALLREDUCE_CALIBRATION") or str(CALIBRATION_FILE)
+    path = path or str(CALIBRATION_FILE)
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -137,7 +138,7 @@ def lookup(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int = 4,
            path: Optional[str] = None) -> Optional[Tuple[str, Params]]:
     """The written table's choice for this layout (rows: the first size >= nbytes, else the
     last), or None when the table has no entry for ``len(hosts)`` x ``max ranks per host``."""
-    path = path or os.environ.get("MCALLREDUCE_TUNING") or str(TUNING_FILE)
+    path = path or str(TUNING_FILE)
     rows = _tables(path).get(f"{len(hosts)}h{max(len(h) for h in hosts)}r")
     if not rows:
         return None
