@@ -83,7 +83,8 @@ def _activate(hvd, comm_arg) -> None:
     settings = config.current()              # a bad MCALLREDUCE_* value raises here, clearly
     state.bucket_bytes()
     ctx = runtime.Context.get(comm)          # collective: every rank is inside hvd.init()
-    runtime.start_progress_thread(comm)
+    if state.progress_thread(max(len(host) for host in ctx.hosts)):
+        runtime.start_progress_thread(comm)
     atexit.register(_stop_progress)   # runs before Horovod's atexit shutdown (registered earlier)
     ROUTER.comm = comm
     ROUTER.exit_comm = ours.Dup()

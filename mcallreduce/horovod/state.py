@@ -8,7 +8,10 @@ Switches (read from the environment when asked, so tests can change them):
   with the one-line import), unset or ``auto`` leaves the decision to the next rules;
 * startup hook (zero code change): on when ``MCALLREDUCE_ALGORITHM`` is set and not empty;
 * ``import mcallreduce.horovod.torch``: on unless ``MCALLREDUCE_HOROVOD=0``;
-* ``MCALLREDUCE_BUCKET_BYTES``: gradient bucket capacity of DistributedOptimizer (default 25M).
+* ``MCALLREDUCE_BUCKET_BYTES``: gradient bucket capacity of DistributedOptimizer (default 25M);
+* ``MCALLREDUCE_PROGRESS_THREAD``: ``1`` progress communication on a background thread,
+  ``0`` in the thread that waits, ``auto`` (default): a thread when the host has a core to
+  spare for it (more cores than ranks on it), since MPI's progress loop polls a core.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from typing import Dict, Iterator, Mapping, Optional
 
 SWITCH = "MCALLREDUCE_HOROVOD"
 BUCKET_VARIABLE = "MCALLREDUCE_BUCKET_BYTES"
+PROGRESS_VARIABLE = "MCALLREDUCE_PROGRESS_THREAD"
 DEFAULT_BUCKET_BYTES = 25 << 20   # as DDP's default bucket: a few buckets for a ResNet-50
 
 #: what the plugin did, per kind: "routed" hvd.allreduce* calls, "buckets" of gradients,
@@ -65,6 +69,15 @@ def bucket_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
     if not m or int(m.group(1)) == 0:
         raise ValueError(f"{BUCKET_VARIABLE}={value!r}: expected a size > 0 such as 4M or 262144")
     return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
+
+
+def progress_thread(ranks_on_host: int, environ: Optional[Mapping[str, str]] = None) -> bool:
+    value = (os.environ if environ is None else environ).get(PROGRESS_VARIABLE, "").strip().lower()
+    if value in ("", "auto"):
+        return (os.cpu_count() or 1) > ranks_on_host
+    if value in ("1", "0"):
+        return value == "1"
+    raise ValueError(f"{PROGRESS_VARIABLE}={value!r}: allowed values are auto, 1, 0")
 
 
 def warn_once(feature: str) -> None:
