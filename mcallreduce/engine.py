@@ -78,6 +78,7 @@ class Engine:
         self._pool: Dict[Tuple[str, int], List[np.ndarray]] = {}
         self._queue: Deque["Handle"] = collections.deque()
         self._thread: Optional[threading.Thread] = None
+        self._thread_lock = threading.Lock()
         self._stop = False
         self._wake_comm: Optional[MPI.Comm] = None
 
@@ -206,7 +207,8 @@ class Engine:
     # ------------------------------------------------------------------ background thread
     def start_thread(self) -> None:
         """Progress on a daemon thread from now on (idempotent). Needs MPI_THREAD_MULTIPLE."""
-        with self.lock:
+        # Not self.lock: the running thread holds that one for its whole life.
+        with self._thread_lock:
             if self._thread is not None:
                 return
             if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
@@ -215,17 +217,18 @@ class Engine:
             self._wake_comm = self.ctx.comm.Dup()
             self._stop = False
             self._thread = threading.Thread(target=self._run, name="mcallreduce-progress", daemon=True)
-            self._thread.start()
+            with self.lock:      # wait until caller-driven progress (if any) has returned
+                self._thread.start()
             atexit.register(self.stop_thread)
 
     def stop_thread(self) -> None:
-        thread = self._thread
-        if thread is None:
-            return
-        self._stop = True
-        self._wake()
-        thread.join()
-        with self.lock:
+        with self._thread_lock:
+            thread = self._thread
+            if thread is None:
+                return
+            self._stop = True
+            self._wake()
+            thread.join()
             self._thread = None
 
     def _wake(self) -> None:

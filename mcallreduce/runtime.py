@@ -11,7 +11,7 @@ error on every rank instead of a hang.
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -89,10 +89,11 @@ class Context:
         self.size = comm.Get_size()
         self.hosts = self._hosts(comm, config.ranks_per_host)
         self.engine = Engine(self)
-        self._resolved: Dict[tuple, Tuple[str, Params]] = {}
+        self._plans: Dict[tuple, Plan] = {}
         self.submit_lock = threading.Lock()   # allreduces get their sequence number in call order
         self._seq = 0
-        tag_ub = self.comm.Get_attr(MPI.TAG_UB)
+        # TAG_UB is an attribute of COMM_WORLD only (MPI-3.1 §8.1.2); Split comms lack it.
+        tag_ub = self.comm.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
         self.windows = max(1, (tag_ub + 1) // TAG_SPAN)
 
     @classmethod
@@ -109,15 +110,16 @@ class Context:
                         cls._cache[MPI.COMM_WORLD.py2f()] = ctx
         return ctx
 
-    def resolve(self, config: Config, nbytes: int, itemsize: int) -> Tuple[str, Params]:
-        """resolve() memoised per (config, size): a training loop repeats a few sizes."""
-        key = (config, nbytes, itemsize)
-        hit = self._resolved.get(key)
-        if hit is None:
-            if len(self._resolved) > 4096:
-                self._resolved.clear()
-            hit = self._resolved[key] = resolve(config, nbytes, itemsize, self.hosts)
-        return hit
+    def plan(self, config: Config, nelem: int, dtype: np.dtype, op: str, pre: float, post: float) -> "Plan":
+        """Everything about an allreduce that depends only on its arguments, memoised:
+        a training loop repeats a few bucket sizes, and this keeps their calls cheap."""
+        key = (config, nelem, dtype, op, pre, post)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 4096:
+                self._plans.clear()
+            plan = self._plans[key] = Plan(self, config, nelem, dtype, op, pre, post)
+        return plan
 
     @staticmethod
     def _hosts(comm: MPI.Comm, ranks_per_host: Optional[int]) -> List[List[int]]:
@@ -138,6 +140,25 @@ class Context:
         return seq
 
 
+class Plan:
+    """Algorithm, parameters, schedule and metadata vector of one kind of allreduce."""
+
+    def __init__(self, ctx: Context, config: Config, nelem: int, dtype: np.dtype, op: str,
+                 pre: float, post: float):
+        self.algorithm, self.params = resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts)
+        self.post = post / ctx.size if op == "average" else post
+        self.schedule: Optional[Schedule] = None
+        if self.algorithm != "mpi":
+            self.schedule = build_schedule(self.algorithm, ctx.hosts, nelem, self.params)
+            if self.schedule.max_tag >= TAG_SPAN:
+                raise ValueError(f"mcallreduce: {self.schedule.max_tag + 1} messages per rank pair exceed "
+                                 f"{TAG_SPAN}; use a larger MCALLREDUCE_SEGMENT_BYTES")
+        self.meta: Optional[np.ndarray] = None
+        if config.check:
+            scale_key = hash((float(pre), float(post))) & ((1 << 40) - 1)
+            self.meta = _meta_vector(ctx.rank, nelem, dtype, self.algorithm, op, self.params, scale_key, 0)
+
+
 # ---------------------------------------------------------------------------- one allreduce
 
 class Handle:
@@ -153,7 +174,7 @@ class Handle:
         self._done = False
         self._event = threading.Event()
         self._meta = meta
-        self._meta_out = np.empty_like(meta)
+        self._meta_out = None if meta is None else np.empty_like(meta)
         self.seq = ctx.next_seq()
         ctx.engine.submit(self)
 
@@ -235,10 +256,7 @@ def allreduce_async(buf: Any, op: str = "sum", prescale: float = 1.0, postscale:
     """
     ctx = Context.get(comm)
     config = _config.current().with_overrides(algorithm=algorithm, check=check, **overrides)
-    reject, local_error = 0, None
-    arr = np.zeros(0, np.float32)
     result = out if out is not None else buf
-    algorithm_name, params = config.algorithm, Params()
     try:
         if config.algorithm not in ALGORITHMS:
             raise ConfigError(f"mcallreduce: unknown algorithm {config.algorithm!r}; "
@@ -253,25 +271,17 @@ def allreduce_async(buf: Any, op: str = "sum", prescale: float = 1.0, postscale:
             arr[...] = src
         else:
             arr = src
-        algorithm_name, params = ctx.resolve(config, arr.nbytes, arr.itemsize)
+        plan = ctx.plan(config, arr.size, arr.dtype, op, prescale, postscale)
     except (TypeError, ValueError) as exc:
-        reject = 2 if isinstance(exc, ConfigError) else 1
-        local_error = exc
         if not config.check:
             raise
-    post = postscale / ctx.size if op == "average" else postscale
-    schedule = None
-    if local_error is None and algorithm_name != "mpi":
-        schedule = build_schedule(algorithm_name, ctx.hosts, arr.size, params)
-        if schedule.max_tag >= TAG_SPAN:
-            raise ValueError(f"mcallreduce: {schedule.max_tag + 1} messages per rank pair exceed "
-                             f"{TAG_SPAN}; use a larger MCALLREDUCE_SEGMENT_BYTES")
-    meta = None
-    if config.check:
-        scale_key = hash((float(prescale), float(postscale))) & ((1 << 40) - 1)
-        meta = _meta_vector(ctx.rank, arr.size, arr.dtype, algorithm_name, op, params, scale_key, reject)
+        # Still take part in the metadata exchange, so every other rank raises too.
+        reject = 2 if isinstance(exc, ConfigError) else 1
+        meta = _meta_vector(ctx.rank, 0, None, config.algorithm, op, Params(), 0, reject)
+        with ctx.submit_lock:
+            return Handle(ctx, result, np.zeros(0, np.float32), config.algorithm, None, op, meta, 1.0, 1.0, exc)
     with ctx.submit_lock:
-        return Handle(ctx, result, arr, algorithm_name, schedule, op, meta, prescale, post, local_error)
+        return Handle(ctx, result, arr, plan.algorithm, plan.schedule, op, plan.meta, prescale, plan.post, None)
 
 
 def start_progress_thread(comm: Optional[MPI.Comm] = None) -> None:
@@ -279,7 +289,7 @@ def start_progress_thread(comm: Optional[MPI.Comm] = None) -> None:
 
     Communication then overlaps whatever the caller does between starting an
     allreduce and waiting for it (e.g. the rest of the backward pass). Needs
-    MPI_THREAD_MULTIPLE; idempotent.
+    MPI_THREAD_MULTIPLE; collective (call it on every rank of ``comm``); idempotent.
     """
     Context.get(comm).engine.start_thread()
 

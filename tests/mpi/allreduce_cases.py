@@ -196,6 +196,15 @@ def hierarchy_and_colors_variants_agree():
             assert np.array_equal(x, ref), (colors, hierarchy)
 
 
+@case
+def split_communicator():
+    sub = comm.Split(color=rank % 2, key=rank)
+    x = np.full(1000, rank + 1, np.int64)
+    mcallreduce.allreduce(x, comm=sub)
+    assert np.all(x == sum(r + 1 for r in range(size) if r % 2 == rank % 2))
+    sub.Free()
+
+
 def main(names):
     """Rank 0 prints one line per case: PASS name ranks=N, or FAIL name rank=R: error."""
     failures = 0
