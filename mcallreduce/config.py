@@ -11,12 +11,16 @@
 | MCALLREDUCE_CHECK            | 1, 0                           | 1          |
 | MCALLREDUCE_VERBOSE          | 0, 1                           | 0          |
 | MCALLREDUCE_RANKS_PER_HOST   | auto, or an integer >= 1       | auto       |
+| MCALLREDUCE_TUNING_FILE      | a tuning table (JSON) or unset | unset      |
 
 Variables are read once, at first use (like Horovod's); a process that changes
 them later calls :func:`reload`. ``auto`` values are resolved per message size
 by :func:`resolve` (the table is in the README and docs/algorithms.md). ``MCALLREDUCE_RANKS_PER_HOST`` groups
 consecutive ranks into virtual hosts instead of asking MPI which ranks share
 memory; it exists to exercise the hierarchical schedules on one machine.
+``MCALLREDUCE_TUNING_FILE`` names a table written by ``python -m mcallreduce.bench
+tune`` (the cost model's best colors/segment/hierarchy per size for a cluster);
+its choices replace the built-in size table for every setting left on ``auto``.
 """
 from __future__ import annotations
 
@@ -61,6 +65,7 @@ class Config:
     check: bool = True
     verbose: bool = False
     ranks_per_host: Optional[int] = None
+    tuning_file: Optional[str] = None
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
@@ -112,6 +117,7 @@ class Config:
             check=bool(boolean("CHECK", auto=False) if get("CHECK") is not None else True),
             verbose=bool(boolean("VERBOSE", auto=False)),
             ranks_per_host=integer("RANKS_PER_HOST", 1),
+            tuning_file=_existing_file(get("TUNING_FILE")),
         )
 
     def with_overrides(self, **kwargs) -> "Config":
@@ -128,6 +134,13 @@ class Config:
 
 
 _overridden: dict = {}  # memo for with_overrides: allreduce calls repeat the same few overrides
+
+def _existing_file(path: Optional[str]) -> Optional[str]:
+    if path is not None and not os.path.isfile(path):
+        raise ConfigError(f"MCALLREDUCE_TUNING_FILE={path!r}: no such file "
+                          "(write one with: python -m mcallreduce.bench tune --out FILE)")
+    return path
+
 
 _current: Optional[Config] = None
 
@@ -166,18 +179,33 @@ def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
     return max(2, max_local)
 
 
+def _tuned(config: Config, hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int) -> Optional[Params]:
+    """The tuning table's choice for this layout and size, if a table is configured and has one."""
+    if not config.tuning_file or config.algorithm != "multicolor":
+        return None
+    from .sim.tuner import lookup   # pure Python (no MPI); imported only when a table is used
+    hit = lookup(hosts, nbytes, itemsize, path=config.tuning_file)
+    return hit[1] if hit else None
+
+
 def resolve(config: Config, nbytes: int, itemsize: int,
             hosts: Sequence[Sequence[int]]) -> Tuple[str, Params]:
     """Concrete algorithm and schedule parameters for one message of ``nbytes``."""
     max_local = max(len(h) for h in hosts)
-    hierarchical = config.hierarchy if config.hierarchy is not None else max_local > 1
-    nodes = len(hosts) if hierarchical else sum(len(h) for h in hosts)
-    colors = config.colors or default_colors(nbytes, nodes, max_local if hierarchical else 1)
-    if config.segment_bytes is not None:
-        segment_bytes = config.segment_bytes
+    tuned = _tuned(config, hosts, nbytes, itemsize)
+    if config.hierarchy is not None:
+        hierarchical = config.hierarchy
     else:
-        segment_bytes = 0 if nbytes <= MEDIUM_BYTES else SEGMENT_BYTES
-    segment = max(1, segment_bytes // itemsize) if segment_bytes else 0
+        hierarchical = tuned.hierarchical if tuned else max_local > 1
+    nodes = len(hosts) if hierarchical else sum(len(h) for h in hosts)
+    colors = config.colors or (tuned.colors if tuned else
+                               default_colors(nbytes, nodes, max_local if hierarchical else 1))
+    if config.segment_bytes is not None:
+        segment = max(1, config.segment_bytes // itemsize) if config.segment_bytes else 0
+    elif tuned:
+        segment = tuned.segment
+    else:
+        segment = 0 if nbytes <= MEDIUM_BYTES else SEGMENT_BYTES // itemsize
     if config.algorithm == "ring":
         return "ring", Params(segment=segment, depth=config.depth)
     return config.algorithm, Params(colors=colors, segment=segment, fanout=config.fanout,

@@ -54,3 +54,23 @@ def test_size_table():
     assert (p.colors, p.segment, p.hierarchical) == (3, 0, False)
     algo, p = resolve(Config(algorithm="ring"), 1 << 20, 4, flat4)
     assert algo == "ring" and p.segment == (256 << 10) // 4
+
+
+def test_tuning_file_replaces_auto_choices(tmp_path):
+    import json
+    table = {"tables": {"4h1r": [{"size_bytes": 1 << 20, "colors": 3, "segment_bytes": 65536, "hierarchical": False},
+                                 {"size_bytes": 1 << 30, "colors": 2, "segment_bytes": 0, "hierarchical": False}]}}
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps(table))
+    c = Config.from_env({"MCALLREDUCE_TUNING_FILE": str(path)})
+    flat4 = [[0], [1], [2], [3]]
+    _, p = resolve(c, 4 << 10, 4, flat4)
+    assert (p.colors, p.segment) == (3, 65536 // 4)
+    _, p = resolve(c, 64 << 20, 4, flat4)
+    assert (p.colors, p.segment) == (2, 0)
+    _, p = resolve(Config(colors=5, tuning_file=str(path)), 64 << 20, 4, flat4)   # explicit setting wins
+    assert p.colors == 5
+    _, p = resolve(c, 64 << 20, 4, [[0, 1]])        # no row for this layout: the built-in table
+    assert p.colors == 2 and p.segment == (256 << 10) // 4
+    with pytest.raises(ConfigError, match="MCALLREDUCE_TUNING_FILE"):
+        Config.from_env({"MCALLREDUCE_TUNING_FILE": str(tmp_path / "missing.json")})

@@ -1,14 +1,23 @@
-"""``python -m mcallreduce.bench``: the allreduce benchmark (run it under mpirun).
+"""``python -m mcallreduce.bench``: the allreduce benchmark (run it under mpirun), and
+
+    python -m mcallreduce.bench tune     # write the model-based tuning table (docs/data/tuning.json)
+    python -m mcallreduce.bench report   # emulated-cluster sweep + model -> docs/benchmarks.md (root)
 
     python -m mcallreduce.launch -np 2 -- python -m mcallreduce.bench --sizes 4K,1M,64M
 """
 import sys
 
-from .allreduce import main as allreduce_main
-
 
 def main(argv=None) -> int:
-    return allreduce_main(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["tune"]:
+        from .tune import main as tune_main
+        return tune_main(argv[1:])
+    if argv[:1] == ["report"]:
+        from .report import main as report_main
+        return report_main(argv[1:])
+    from .allreduce import main as allreduce_main
+    return allreduce_main(argv)
 
 
 if __name__ == "__main__":
