@@ -13,6 +13,18 @@
 | MCALLREDUCE_RANKS_PER_HOST   | auto, or an integer >= 1       | auto       |
 | MCALLREDUCE_TUNING_FILE      | a tuning table (JSON) or unset | unset      |
 
+The Horovod plugin adds three, parsed in ``mcallreduce/horovod/state.py`` because
+its startup hook must decide before anything heavy is imported:
+
+| variable                     | values                         | default    |
+|------------------------------|--------------------------------|------------|
+| MCALLREDUCE_HOROVOD          | auto, 1, 0                     | auto       |
+| MCALLREDUCE_BUCKET_BYTES     | a size (25M, 4M)               | 25M        |
+| MCALLREDUCE_PROGRESS_THREAD  | auto, 1, 0                     | auto       |
+
+and the data package its ``MCALLREDUCE_DATA_*`` variables (``mcallreduce/data/config.py``,
+docs/data.md), kept apart so that loading data never imports the allreduce engine.
+
 Variables are read once, at first use (like Horovod's); a process that changes
 them later calls :func:`reload`. ``auto`` values are resolved per message size
 by :func:`resolve` (the table is in the README and docs/algorithms.md). ``MCALLREDUCE_RANKS_PER_HOST`` groups

@@ -36,7 +36,9 @@ fi
 stamp="$venv/.mcallreduce-setup"
 want=$(cat "$repo/scripts/setup_env.sh" "$repo/setup.py" "$repo"/scripts/requirements-*.txt 2>/dev/null | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("mcallreduce", "mpi4py", "torch"))))' 2>/dev/null; then
-  exec "$repo/scripts/build_horovod.sh"   # Python side already set up with these exact inputs
+  # Python side already set up with these exact inputs: only Horovod and its hook to check.
+  "$repo/scripts/build_horovod.sh"
+  exec "$py" -m mcallreduce.horovod.startup install
 fi
 if [ ! -x "$py" ]; then
   say "creating $venv"
@@ -76,4 +78,6 @@ done
 echo "$want" > "$stamp"
 # 6. Horovod 0.28.1, patched to build against torch 2.13 (cached wheel; about 4 minutes once).
 "$repo/scripts/build_horovod.sh"
+# 7. The startup hook (a .pth file, inert unless MCALLREDUCE_ALGORITHM/MCALLREDUCE_HOROVOD is set).
+"$py" -m mcallreduce.horovod.startup install
 say "environment ready: $venv"
