@@ -19,5 +19,6 @@ __all__ = ["Config", "ConfigError", "MismatchError", "__version__", *_RUNTIME]
 def __getattr__(name):
     if name in _RUNTIME:
         from . import runtime
-        return getattr(runtime, name)
+        value = globals()[name] = getattr(runtime, name)   # later lookups skip this hook
+        return value
     raise AttributeError(f"module 'mcallreduce' has no attribute {name!r}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import collections
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -168,7 +169,11 @@ class Engine:
         """Caller-driven progress: post what is ready, then wait (block) or test for completions."""
         if self._thread is not None:       # the progress thread owns MPI; just wait for it
             if block and until is not None:
-                until._event.wait()
+                if until._event is not None:
+                    until._event.wait()
+                else:                      # created before the thread started: rare, poll
+                    while not until.done:
+                        time.sleep(1e-4)
             return
         with self.lock:
             if until is not None and until.done:
@@ -205,6 +210,10 @@ class Engine:
             self._post_ready(st)
 
     # ------------------------------------------------------------------ background thread
+    @property
+    def threaded(self) -> bool:
+        return self._thread is not None
+
     def start_thread(self) -> None:
         """Progress on a daemon thread from now on (idempotent). Needs MPI_THREAD_MULTIPLE."""
         # Not self.lock: the running thread holds that one for its whole life.

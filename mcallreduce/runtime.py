@@ -172,7 +172,8 @@ class Handle:
         self.error: Optional[BaseException] = None
         self._local_error = local_error
         self._done = False
-        self._event = threading.Event()
+        # Only a progress thread signals completion; caller-driven handles need no event.
+        self._event = threading.Event() if ctx.engine.threaded else None
         self._meta = meta
         self._meta_out = None if meta is None else np.empty_like(meta)
         self.seq = ctx.next_seq()
@@ -225,7 +226,8 @@ class Handle:
         if self.error is None:
             scale_(self.arr, self.post)
         self._done = True
-        self._event.set()
+        if self._event is not None:
+            self._event.set()
 
 
 def _meta_vector(rank: int, nelem: int, dtype: np.dtype, algorithm: str, op: str, params: Params,
