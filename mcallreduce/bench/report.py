@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..algorithms import Params
+from .allreduce import human
 
 REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
@@ -35,13 +35,6 @@ ALGOS = ("multicolor", "ring", "mpi", "mpi-ring")
 COLORS = {"multicolor": "C0", "ring": "C1", "mpi": "C2", "mpi-ring": "C3", "horovod": "C4"}
 RESNET50_BYTES = 25_557_032 * 4       # ResNet-50 fp32 gradients (~102 MB)
 BUCKET_BYTES = 25 << 20               # PyTorch DDP's default bucket (25 MiB)
-
-
-def human(n: int) -> str:
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift}{unit}"
-    return str(n)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:

@@ -18,20 +18,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..config import parse_size
 from ..sim.model import paper
 from ..sim.tuner import TUNING_FILE, default_model, load_calibration, table
+from .allreduce import human
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
-
-
-def human(n: int) -> str:
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift}{unit}"
-    return str(n)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
