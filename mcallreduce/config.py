@@ -178,6 +178,8 @@ def reload() -> Config:
 SMALL_BYTES = 16 << 10     # <= this: one color, no pipelining
 MEDIUM_BYTES = 256 << 10   # <= this: two colors, no pipelining
 SEGMENT_BYTES = 256 << 10  # pipeline segment for large messages
+PIPELINE_MIN_SEGMENTS = 4  # pipeline a color only if it gets at least this many segments:
+                           # fewer adds messages without overlapping much (measured at 1 MiB)
 STAR_MAX_HOSTS = 8         # up to this many hosts, one color per host (direct reduce-scatter)
 
 
@@ -216,8 +218,10 @@ def resolve(config: Config, nbytes: int, itemsize: int,
         segment = max(1, config.segment_bytes // itemsize) if config.segment_bytes else 0
     elif tuned:
         segment = tuned.segment
+    elif nbytes // colors >= PIPELINE_MIN_SEGMENTS * SEGMENT_BYTES:
+        segment = SEGMENT_BYTES // itemsize
     else:
-        segment = 0 if nbytes <= MEDIUM_BYTES else SEGMENT_BYTES // itemsize
+        segment = 0
     if config.algorithm == "ring":
         return "ring", Params(segment=segment, depth=config.depth)
     return config.algorithm, Params(colors=colors, segment=segment, fanout=config.fanout,

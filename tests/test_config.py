@@ -52,7 +52,9 @@ def test_size_table():
     assert p.colors == 4 and not p.hierarchical       # one color per host: direct reduce-scatter
     _, p = resolve(Config(colors=3, segment_bytes=0, hierarchy=False), 64 << 20, 8, one_host_two)
     assert (p.colors, p.segment, p.hierarchical) == (3, 0, False)
-    algo, p = resolve(Config(algorithm="ring"), 1 << 20, 4, flat4)
+    _, p = resolve(Config(), 1 << 20, 4, one_host_two)
+    assert p.colors == 2 and p.segment == 0            # 512 KiB per color: too few segments to pipeline
+    algo, p = resolve(Config(algorithm="ring"), 64 << 20, 4, flat4)
     assert algo == "ring" and p.segment == (256 << 10) // 4
 
 
