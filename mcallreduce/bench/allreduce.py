@@ -212,7 +212,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             records.append(rec)
     if rank == 0:
         title = f"allreduce {ns.dtype}, {comm.Get_size()} ranks on {len(hosts)} host(s)"
-        print(f"# {title}; {MPI.Get_library_version().splitlines()[0]}")
+        print(f"# {title}; {MPI.Get_library_version().replace(chr(0), '').splitlines()[0].strip()}")
         print(table(records))
         failed = [r for r in records if r.get("correct") is False]
         if ns.json:
