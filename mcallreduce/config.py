@@ -202,6 +202,11 @@ def _tuned(config: Config, hosts: Sequence[Sequence[int]], nbytes: int, itemsize
     return hit[1] if hit else None
 
 
+def _slices(config: Config, colors: int, hosts: Sequence[Sequence[int]]) -> int:
+    """How many pieces the algorithm cuts a message into: ring chunks or color slices."""
+    return sum(len(h) for h in hosts) if config.algorithm == "ring" else colors
+
+
 def resolve(config: Config, nbytes: int, itemsize: int,
             hosts: Sequence[Sequence[int]]) -> Tuple[str, Params]:
     """Concrete algorithm and schedule parameters for one message of ``nbytes``."""
@@ -218,7 +223,7 @@ def resolve(config: Config, nbytes: int, itemsize: int,
         segment = max(1, config.segment_bytes // itemsize) if config.segment_bytes else 0
     elif tuned:
         segment = tuned.segment
-    elif nbytes // colors >= PIPELINE_MIN_SEGMENTS * SEGMENT_BYTES:
+    elif nbytes // _slices(config, colors, hosts) >= PIPELINE_MIN_SEGMENTS * SEGMENT_BYTES:
         segment = SEGMENT_BYTES // itemsize
     else:
         segment = 0
