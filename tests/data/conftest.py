@@ -1,14 +1,12 @@
 """Fixtures: a small ImageFolder of real photographs (with bad files) and its packed store."""
 import os
 import shutil
-import sys
 
 import pytest
 
 from mcallreduce.data.format import pack
 from mcallreduce.data.photos import add_bad_files, make_photo_folder
 
-PYTHON = sys.executable
 
 
 @pytest.fixture(scope="session")
@@ -45,15 +43,3 @@ def copy_of(tmp_path):
     return _copy
 
 
-def imagefolder_order(root):
-    """ImageFolder's convention, written out independently of the package: classes are the
-    sorted sub-folders; samples walk each class folder in sorted order, keeping image extensions."""
-    exts = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-    classes = sorted(d.name for d in os.scandir(root) if d.is_dir())
-    samples = []
-    for label, name in enumerate(classes):
-        for dirpath, _, files in sorted(os.walk(os.path.join(root, name))):
-            for f in sorted(files):
-                if f.lower().endswith(exts):
-                    samples.append((os.path.join(dirpath, f), label))
-    return classes, samples

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from conftest import imagefolder_order
+from data_helpers import imagefolder_order
 from mcallreduce.data import (EvalTransform, ImageStore, InMemoryDistributedSampler, InMemoryImageFolder,
                               StoreFile, ThreadedLoader, TrainTransform)
 from mcallreduce.data.transforms import _scale_for, decode_region, image_size

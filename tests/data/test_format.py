@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import PYTHON, imagefolder_order
+from data_helpers import PYTHON, imagefolder_order
 from mcallreduce.data.format import (CorruptImageError, StoreFile, StoreFormatError, pack,
                                      scan_image_folder)
 

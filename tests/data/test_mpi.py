@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import PYTHON
+from data_helpers import PYTHON
 from mcallreduce.launch import run
 
 JOB = os.path.join(os.path.dirname(__file__), "mpi_job.py")

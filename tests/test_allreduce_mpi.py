@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from conftest import mpi_script
+from mpijobs import mpi_script
 
 
 def run_cases(np_, env=None, cases=()):
