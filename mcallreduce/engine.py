@@ -117,7 +117,7 @@ class Engine:
                 h.error = TypeError(f"mcallreduce: algorithm 'mpi' cannot reduce {h.arr.dtype.name} "
                                     "with this MPI library; use multicolor or ring")
                 return self._retire(h)
-            req = self.ctx.ctl.Iallreduce(MPI.IN_PLACE, [h.arr, mpi_type], op=OPS[h.op][1])
+            req = self.ctx.coll.Iallreduce(MPI.IN_PLACE, [h.arr, mpi_type], op=OPS[h.op][1])
             return self._post(req, h, _MPI)
         prog = h.schedule.programs[self.ctx.rank]
         state = _RunState(h, (h.seq % self.ctx.windows) * TAG_SPAN, self._scratch(prog.scratch_elems, h.arr.dtype))
@@ -188,7 +188,8 @@ class Engine:
     def _completed(self, indices: List[int]) -> None:
         if not indices:
             return
-        finished = [self.owners[i] for i in indices]
+        # In call order: "mpi" collectives then start in the same order on every rank.
+        finished = sorted((self.owners[i] for i in indices), key=lambda owner: owner[0].seq)
         done = set(indices)
         self.reqs = [r for i, r in enumerate(self.reqs) if i not in done]
         self.owners = [o for i, o in enumerate(self.owners) if i not in done]

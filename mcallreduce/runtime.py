@@ -84,7 +84,8 @@ class Context:
 
     def __init__(self, comm: MPI.Comm, config: Config):
         self.comm = comm.Dup()   # data messages of the schedules
-        self.ctl = comm.Dup()    # metadata checks and "mpi" collectives
+        self.ctl = comm.Dup()    # metadata checks, posted in call order on every rank
+        self.coll = comm.Dup()   # "mpi" collectives, started when their check completes
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.hosts = self._hosts(comm, config.ranks_per_host)

@@ -197,6 +197,23 @@ def hierarchy_and_colors_variants_agree():
 
 
 @case
+def mpi_algorithm_async_with_rank_dependent_polling():
+    # "mpi" collectives start when their check completes, which depends on when each rank
+    # polls; they must still start in call order on every rank.
+    bufs = [data(1000 + i, np.float32) for i in range(6)]
+    handles = []
+    for i, b in enumerate(bufs):
+        handles.append(mcallreduce.allreduce_async(b, algorithm="mpi" if i % 2 == 0 else "multicolor"))
+        if rank == 0:
+            for h in handles:
+                h.test()
+    for h in reversed(handles):
+        h.wait()
+    for b in bufs:
+        assert np.array_equal(b, expected(b.size, np.float32))
+
+
+@case
 def split_communicator():
     sub = comm.Split(color=rank % 2, key=rank)
     x = np.full(1000, rank + 1, np.int64)
