@@ -107,6 +107,14 @@ def _runs(ids: np.ndarray) -> List[Tuple[int, int]]:
     return [(int(ids[a]), int(ids[b - 1]) + 1) for a, b in zip(starts, stops)]
 
 
+def _index_layout(n: int):
+    """Byte offsets of the segment's index for n samples: labels start, positions start, blob start
+    (int64 offsets[n+1], int32 labels[n] padded to 8 bytes, int64 positions[n])."""
+    cut1 = 8 * (n + 1)
+    cut2 = cut1 + 8 * ((4 * n + 7) // 8)
+    return cut1, cut2, cut2 + 8 * n
+
+
 class ImageStore:
     """A host's share of an image dataset, held in RAM and shared by the host's ranks."""
 
@@ -142,7 +150,7 @@ class ImageStore:
         host = self.layout.host
 
         # Decide what this host holds, and check that it fits, before allocating anything.
-        index_bytes = 8 * (self.num_samples + 1) + 8 * ((4 * self.num_samples + 7) // 8) + 8 * self.num_samples
+        index_bytes = _index_layout(self.num_samples)[2]
         share_ids = np.nonzero(self.owner == host)[0]
         share_bytes = int((offsets[share_ids + 1] - offsets[share_ids]).sum())
         full_bytes = int(offsets[-1])
@@ -177,13 +185,7 @@ class ImageStore:
                                         (self.layout.ranks_of(h) for h in range(self.layout.num_hosts))])
 
         self.segment = SharedSegment(world, index_bytes + blob_bytes)
-        seg = self.segment.array
-        n = self.num_samples
-        cut1, cut2 = 8 * (n + 1), 8 * (n + 1) + 8 * ((4 * n + 7) // 8)
-        self.offsets = seg[:cut1].view(np.int64)
-        self.labels = seg[cut1:cut1 + 4 * n].view(np.int32)
-        self.position = seg[cut2:cut2 + 8 * n].view(np.int64)
-        self.blob = seg[index_bytes:]
+        self._map_segment()
         sizes = offsets[1:] - offsets[:-1]
         if world.is_leader:
             self.offsets[:] = offsets
@@ -319,10 +321,14 @@ class ImageStore:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self.world = None
+        self._map_segment()
+
+    def _map_segment(self) -> None:
+        """Views of the shared segment: offsets, labels, positions, then the JPEG blob."""
         seg = self.segment.array
         n = self.num_samples
-        cut1, cut2 = 8 * (n + 1), 8 * (n + 1) + 8 * ((4 * n + 7) // 8)
+        cut1, cut2, index_bytes = _index_layout(n)
         self.offsets = seg[:cut1].view(np.int64)
         self.labels = seg[cut1:cut1 + 4 * n].view(np.int32)
         self.position = seg[cut2:cut2 + 8 * n].view(np.int64)
-        self.blob = seg[cut2 + 8 * n:]
+        self.blob = seg[index_bytes:]
