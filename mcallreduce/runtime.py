@@ -10,6 +10,7 @@ error on every rank instead of a hang.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, Dict, List, Optional
 
@@ -120,6 +121,10 @@ class Context:
             if len(self._plans) > 4096:
                 self._plans.clear()
             plan = self._plans[key] = Plan(self, config, nelem, dtype, op, pre, post)
+            if config.verbose and self.rank == 0:   # once per new kind of call, not per call
+                what = plan.schedule.describe() if plan.schedule is not None else plan.algorithm
+                print(f"mcallreduce: {nelem} x {dtype} {op} on {self.size} ranks / {len(self.hosts)} hosts "
+                      f"-> {what}", file=sys.stderr, flush=True)
         return plan
 
     @staticmethod

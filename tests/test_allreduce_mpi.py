@@ -41,3 +41,11 @@ def test_settings_differing_across_ranks_raise_not_hang():
 def test_background_progress_thread(np_):
     result = mpi_script(np_, "progress_thread.py", timeout=120)
     assert result.returncode == 0 and "THREAD ok" in result.stdout, result.stdout + result.stderr
+
+
+def test_verbose_reports_each_new_kind_of_call_once():
+    result = mpi_script(2, "verbose.py", env={"MCALLREDUCE_VERBOSE": "1"}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("mcallreduce: ")]
+    assert len(lines) == 1 and "multicolor(colors=2" in lines[0], result.stderr
+    assert result.stdout == ""
