@@ -20,17 +20,12 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from ..config import parse_size  # the project's one size parser (8M, 64K, 1G)
+
 CHUNK = 1 << 20
 PORT = 5201
 # Open MPI's coll/tuned: force the ring (algorithm 4) instead of its size-based default choice.
 RING_ENV = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}
-
-
-def parse_size(text: str) -> int:
-    """'8M' -> 8 MiB, '64K' -> 64 KiB, '1G' -> 1 GiB, '100' -> 100 bytes."""
-    text = text.strip().upper().rstrip("B").rstrip("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(float(text[:-1] if scale > 1 else text) * scale)
 
 
 # ---------------------------------------------------------------- raw TCP (inside namespaces)
