@@ -2,7 +2,7 @@
 
 | variable                     | values                         | default    |
 |------------------------------|--------------------------------|------------|
-| MCALLREDUCE_ALGORITHM        | multicolor, ring, mpi          | multicolor |
+| MCALLREDUCE_ALGORITHM        | multicolor, ring, doubling, mpi | multicolor |
 | MCALLREDUCE_COLORS           | auto, or an integer >= 1       | auto       |
 | MCALLREDUCE_SEGMENT_BYTES    | auto, or a size (256K, 1M, 0)  | auto       |
 | MCALLREDUCE_FANOUT           | auto, or an integer >= 2       | auto       |
@@ -181,6 +181,12 @@ SEGMENT_BYTES = 256 << 10  # pipeline segment for large messages
 PIPELINE_MIN_SEGMENTS = 4  # pipeline a color only if it gets at least this many segments:
                            # fewer adds messages without overlapping much (measured at 1 MiB)
 STAR_MAX_HOSTS = 8         # up to this many hosts, one color per host (direct reduce-scatter)
+# The latency regime of the multicolor family: log2(p) exchanges of the whole message
+# (algorithms/doubling.py) instead of a reduce up a tree and a broadcast down it
+# (2 log2(p) message latencies). Two ranks exchange n bytes each way either way, so
+# for a pair doubling only saves a round trip and costs twice the reduction work.
+DOUBLING_BYTES = SMALL_BYTES
+DOUBLING_PAIR_BYTES = 1 << 20
 
 
 def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
@@ -193,25 +199,40 @@ def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
     return max(2, max_local)
 
 
-def _tuned(config: Config, hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int) -> Optional[Params]:
+def _tuned(config: Config, hosts: Sequence[Sequence[int]], nbytes: int,
+           itemsize: int) -> Optional[Tuple[str, Params]]:
     """The tuning table's choice for this layout and size, if a table is configured and has one."""
     if not config.tuning_file or config.algorithm != "multicolor":
         return None
     from .sim.tuner import lookup   # pure Python (no MPI); imported only when a table is used
-    hit = lookup(hosts, nbytes, itemsize, path=config.tuning_file)
-    return hit[1] if hit else None
+    return lookup(hosts, nbytes, itemsize, path=config.tuning_file)
+
+
+def latency_bound(nbytes: int, nranks: int) -> bool:
+    """Whether ``auto`` runs a multicolor call as recursive doubling (see DOUBLING_*_BYTES)."""
+    return nranks > 1 and (nbytes <= DOUBLING_BYTES or (nranks == 2 and nbytes <= DOUBLING_PAIR_BYTES))
 
 
 def _slices(config: Config, colors: int, hosts: Sequence[Sequence[int]]) -> int:
     """How many pieces the algorithm cuts a message into: ring chunks or color slices."""
-    return sum(len(h) for h in hosts) if config.algorithm == "ring" else colors
+    if config.algorithm == "ring":
+        return sum(len(h) for h in hosts)
+    return 1 if config.algorithm == "doubling" else colors
 
 
 def resolve(config: Config, nbytes: int, itemsize: int,
             hosts: Sequence[Sequence[int]]) -> Tuple[str, Params]:
     """Concrete algorithm and schedule parameters for one message of ``nbytes``."""
     max_local = max(len(h) for h in hosts)
-    tuned = _tuned(config, hosts, nbytes, itemsize)
+    nranks = sum(len(h) for h in hosts)
+    hit = _tuned(config, hosts, nbytes, itemsize)
+    if hit is not None and hit[0] == "doubling" and config.colors is None:
+        return "doubling", Params(segment=0, depth=config.depth)
+    tuned = hit[1] if hit is not None and hit[0] == "multicolor" else None
+    knobs = (config.colors, config.segment_bytes, config.fanout, config.hierarchy)
+    if (config.algorithm == "multicolor" and hit is None and knobs == (None,) * 4
+            and latency_bound(nbytes, nranks)):
+        return "doubling", Params(segment=0, depth=config.depth)
     if config.hierarchy is not None:
         hierarchical = config.hierarchy
     else:
@@ -227,7 +248,7 @@ def resolve(config: Config, nbytes: int, itemsize: int,
         segment = SEGMENT_BYTES // itemsize
     else:
         segment = 0
-    if config.algorithm == "ring":
-        return "ring", Params(segment=segment, depth=config.depth)
+    if config.algorithm in ("ring", "doubling"):
+        return config.algorithm, Params(segment=segment, depth=config.depth)
     return config.algorithm, Params(colors=colors, segment=segment, fanout=config.fanout,
                                     hierarchical=hierarchical, depth=config.depth)

@@ -142,7 +142,11 @@ class Engine:
             s = steps[i]
             if s.op == Op.REDUCE:
                 view = h.arr[s.offset:s.offset + s.count]
-                st.ufunc(view, st.scratch[s.scratch:s.scratch + s.count], out=view)
+                incoming = st.scratch[s.scratch:s.scratch + s.count]
+                if s.incoming_left:
+                    st.ufunc(incoming, view, out=view)
+                else:
+                    st.ufunc(view, incoming, out=view)
                 st.complete(i)
                 continue
             if s.op == Op.SEND:

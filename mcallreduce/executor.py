@@ -61,7 +61,11 @@ def execute(schedule: Schedule, buffers: Sequence[np.ndarray],
                 s = progs[r][i]
                 if s.op == Op.REDUCE:
                     view = buffers[r][s.offset:s.offset + s.count]
-                    reduce(view, scratch[r][s.scratch:s.scratch + s.count], out=view)
+                    incoming = scratch[r][s.scratch:s.scratch + s.count]
+                    if s.incoming_left:
+                        reduce(incoming, view, out=view)
+                    else:
+                        reduce(view, incoming, out=view)
                     complete(r, i)
                 elif s.op == Op.SEND:
                     key = (r, s.peer, s.tag)

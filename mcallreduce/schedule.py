@@ -34,6 +34,7 @@ class Op(IntEnum):
     RECV = 1          # receive from peer into buf[offset:offset+count] (overwrite)
     RECV_SCRATCH = 2  # receive from peer into scratch[scratch:scratch+count]
     REDUCE = 3        # buf[offset:+count] = op(buf[offset:+count], scratch[scratch:+count])
+                      # (operands swapped when the step's ``incoming_left`` is set)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class Step:
     tag: int       # message tag, unique per ordered (src, dst) pair within the schedule
     deps: Tuple[int, ...] = ()  # indices of earlier steps of this rank to complete first
     color: int = 0  # which color/channel the step belongs to (reports and the cost model)
+    # REDUCE only: the received data is the left operand, op(scratch, buf). Algorithms in
+    # which two ranks compute the same value (recursive doubling) order the operands by
+    # rank on both sides, so min/max of signed zeros and NaN payloads agree bitwise too.
+    incoming_left: bool = False
 
 
 @dataclass
@@ -146,23 +151,50 @@ class Builder:
         self._slot_use: Dict[Tuple[int, int, int], int] = {}    # (dst, src, color) -> uses so far
         self._slot_size: Dict[Tuple[int, int, int], int] = {}   # (dst, src, color) -> max count
 
-    def transfer(self, src: int, dst: int, offset: int, count: int, reduce: bool, color: int = 0) -> None:
-        """Move buf[offset:+count] from ``src`` to ``dst``; add it into dst's copy if ``reduce``."""
+    def transfer(self, src: int, dst: int, offset: int, count: int, reduce: bool, color: int = 0,
+                 incoming_left: bool = False) -> None:
+        """Move buf[offset:+count] from ``src`` to ``dst``; add it into dst's copy if ``reduce``.
+
+        ``incoming_left`` makes the reduction op(src's data, dst's data) instead of
+        op(dst's data, src's data).
+        """
         if count <= 0 or src == dst:
             return
+        tag = self._send(src, dst, offset, count, color)
+        self._receive(src, dst, offset, count, tag, reduce, color, incoming_left)
+
+    def exchange(self, a: int, b: int, offset: int, count: int, color: int = 0) -> None:
+        """Ranks ``a`` and ``b`` swap buf[offset:+count] and both reduce it, operands in rank order.
+
+        Both sends come before both receives in program order, so each rank sends
+        its own data, not what it has just reduced; both ranks then compute
+        op(lower rank's data, higher rank's data) and hold bitwise equal results.
+        """
+        if count <= 0 or a == b:
+            return
+        tag_ab = self._send(a, b, offset, count, color)
+        tag_ba = self._send(b, a, offset, count, color)
+        self._receive(a, b, offset, count, tag_ab, True, color, incoming_left=a < b)
+        self._receive(b, a, offset, count, tag_ba, True, color, incoming_left=b < a)
+
+    def _send(self, src: int, dst: int, offset: int, count: int, color: int) -> int:
         tag = self._tags.get((src, dst), 0)
         self._tags[(src, dst)] = tag + 1
-        self._ops[src].append((Op.SEND, dst, offset, count, None, tag, color))
+        self._ops[src].append((Op.SEND, dst, offset, count, None, tag, color, False))
+        return tag
+
+    def _receive(self, src: int, dst: int, offset: int, count: int, tag: int, reduce: bool,
+                 color: int, incoming_left: bool) -> None:
         if reduce:
             key = (dst, src, color)
             use = self._slot_use.get(key, 0)
             self._slot_use[key] = use + 1
             self._slot_size[key] = max(self._slot_size.get(key, 0), count)
             slot = (key, use % self.depth)
-            self._ops[dst].append((Op.RECV_SCRATCH, src, -1, count, slot, tag, color))
-            self._ops[dst].append((Op.REDUCE, -1, offset, count, slot, -1, color))
+            self._ops[dst].append((Op.RECV_SCRATCH, src, -1, count, slot, tag, color, False))
+            self._ops[dst].append((Op.REDUCE, -1, offset, count, slot, -1, color, incoming_left))
         else:
-            self._ops[dst].append((Op.RECV, src, offset, count, None, tag, color))
+            self._ops[dst].append((Op.RECV, src, offset, count, None, tag, color, False))
 
     def build(self, algorithm: str, **params) -> Schedule:
         programs = [self._build_rank(r) for r in range(self.nranks)]
@@ -182,7 +214,7 @@ class Builder:
             return base[key] + i * self._slot_size[key]
 
         buf_bounds, scr_bounds = set(), set()
-        for op, _, off, cnt, slot, _, _ in ops:
+        for op, _, off, cnt, slot, _, _, _ in ops:
             if off >= 0:
                 buf_bounds.update((off, off + cnt))
             if slot is not None:
@@ -191,7 +223,7 @@ class Builder:
         buf, scr = _Hazards(sorted(buf_bounds)), _Hazards(sorted(scr_bounds))
 
         steps: List[Step] = []
-        for idx, (op, peer, off, cnt, slot, tag, color) in enumerate(ops):
+        for idx, (op, peer, off, cnt, slot, tag, color, left) in enumerate(ops):
             deps: set = set()
             s_off = scratch_off(slot) if slot is not None else -1
             if op == Op.SEND:
@@ -203,7 +235,7 @@ class Builder:
             else:  # REDUCE reads its scratch slot and updates the buffer in place
                 scr.access(idx, s_off, cnt, read=True, write=False, deps=deps)
                 buf.access(idx, off, cnt, read=True, write=True, deps=deps)
-            steps.append(Step(op, peer, off, cnt, s_off, tag, tuple(sorted(deps)), color))
+            steps.append(Step(op, peer, off, cnt, s_off, tag, tuple(sorted(deps)), color, left))
         return RankProgram(rank, steps, total)
 
 

@@ -26,7 +26,7 @@ def test_every_variable_is_read():
 
 
 @pytest.mark.parametrize("name,value,hint", [
-    ("ALGORITHM", "tree", "multicolor, ring, mpi"),
+    ("ALGORITHM", "tree", "multicolor, ring, doubling, mpi"),
     ("COLORS", "0", "'auto' or an integer >= 1"),
     ("COLORS", "many", "'auto' or an integer >= 1"),
     ("SEGMENT_BYTES", "big", "256K"),
@@ -43,16 +43,25 @@ def test_invalid_values_name_the_variable_and_allowed_values(name, value, hint):
 
 def test_size_table():
     one_host_two = [[0, 1]]
-    algo, p = resolve(Config(), 4 << 10, 4, one_host_two)
+    flat4 = [[0], [1], [2], [3]]
+    # latency regime: recursive doubling for small messages, and for a pair up to 1 MiB
+    for hosts in (one_host_two, flat4, [[0, 1], [2, 3], [4]]):
+        algo, p = resolve(Config(), 4 << 10, 4, hosts)
+        assert (algo, p.segment) == ("doubling", 0)
+    assert resolve(Config(), 1 << 20, 4, one_host_two)[0] == "doubling"
+    assert resolve(Config(), 1 << 20, 4, flat4)[0] == "multicolor"
+    algo, p = resolve(Config(colors=1), 4 << 10, 4, one_host_two)      # a multicolor knob set: multicolor
     assert (algo, p.colors, p.segment, p.hierarchical) == ("multicolor", 1, 0, True)
+    algo, p = resolve(Config(), 64 << 10, 4, flat4)
+    assert (algo, p.colors, p.segment) == ("multicolor", 2, 0)
+    assert resolve(Config(), 4 << 10, 4, [[0]])[0] == "multicolor"   # one rank: nothing to exchange
     algo, p = resolve(Config(), 64 << 20, 4, one_host_two)
     assert p.colors == 2 and p.segment == (256 << 10) // 4
-    flat4 = [[0], [1], [2], [3]]
     _, p = resolve(Config(), 64 << 20, 4, flat4)
     assert p.colors == 4 and not p.hierarchical       # one color per host: direct reduce-scatter
     _, p = resolve(Config(colors=3, segment_bytes=0, hierarchy=False), 64 << 20, 8, one_host_two)
     assert (p.colors, p.segment, p.hierarchical) == (3, 0, False)
-    _, p = resolve(Config(), 1 << 20, 4, one_host_two)
+    _, p = resolve(Config(), 1 << 20, 4, [[0, 1], [2, 3]])
     assert p.colors == 2 and p.segment == 0            # 512 KiB per color: too few segments to pipeline
     algo, p = resolve(Config(algorithm="ring"), 64 << 20, 4, flat4)
     assert algo == "ring" and p.segment == (256 << 10) // 4
@@ -72,6 +81,13 @@ def test_tuning_file_replaces_auto_choices(tmp_path):
     assert (p.colors, p.segment) == (2, 0)
     _, p = resolve(Config(colors=5, tuning_file=str(path)), 64 << 20, 4, flat4)   # explicit setting wins
     assert p.colors == 5
+    table["tables"]["4h1r"][0]["algorithm"] = "doubling"    # the tuner may pick the latency regime
+    path.write_text(json.dumps(table))
+    c = Config.from_env({"MCALLREDUCE_TUNING_FILE": str(path)})
+    from mcallreduce.sim.tuner import _tables
+    _tables.cache_clear()
+    assert resolve(c, 4 << 10, 4, flat4)[0] == "doubling"
+    assert resolve(c, 64 << 20, 4, flat4)[0] == "multicolor"
     _, p = resolve(c, 64 << 20, 4, [[0, 1]])        # no row for this layout: the built-in table
     assert p.colors == 2 and p.segment == (256 << 10) // 4
     with pytest.raises(ConfigError, match="MCALLREDUCE_TUNING_FILE"):

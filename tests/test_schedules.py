@@ -31,11 +31,11 @@ def reference_run(schedule, p, n, dtype, seed):
 
 
 @pytest.mark.parametrize("p", range(1, 18))
-def test_multicolor_and_ring_sum_every_length(p):
+def test_every_algorithm_sums_every_length(p):
     layouts = [flat(p)] + ([paired(p)] if p > 1 else [])
     for hosts in layouts:
         for n in lengths(p):
-            variants = [("ring", Params(segment=s)) for s in (0, 5)]
+            variants = [(name, Params(segment=s)) for name in ("ring", "doubling") for s in (0, 5)]
             hier = (True, False) if len(hosts) < p else (True,)  # flat layout: same schedule
             variants += [("multicolor", Params(colors=k, segment=s, hierarchical=h))
                          for k in (1, 2, 3, 4) for s in (0, 3) for h in hier]
@@ -48,9 +48,10 @@ def test_multicolor_and_ring_sum_every_length(p):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_all_dtypes_bitwise_identical_on_every_rank(dtype):
+@pytest.mark.parametrize("name", ["multicolor", "doubling"])
+def test_all_dtypes_bitwise_identical_on_every_rank(dtype, name):
     p, n = 6, 1001
-    sched = build_schedule("multicolor", paired(p), n, Params(colors=3, segment=64))
+    sched = build_schedule(name, paired(p), n, Params(colors=3, segment=64))
     rng = np.random.default_rng(1)
     bufs = [(rng.standard_normal(n) * 4).astype(dtype) for _ in range(p)]
     exact = np.sum(np.stack([b.astype(np.float64) for b in bufs]), axis=0)
@@ -64,6 +65,41 @@ def test_all_dtypes_bitwise_identical_on_every_rank(dtype):
     again = [(rng.standard_normal(n) * 4).astype(dtype) for _ in range(p)]
     execute(sched, again)
     assert again[0].tobytes() == bufs[0].tobytes()
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 7])
+@pytest.mark.parametrize("ufunc", [np.minimum, np.maximum, np.add])
+def test_doubling_orders_operands_by_rank(p, ufunc):
+    # Two ranks compute every value of a doubling schedule, so operand order must not
+    # depend on who computes it: min/max of +0/-0 and NaN payloads are order-sensitive.
+    n = 8
+    nan_a = np.array([0x7FF8000000000001], dtype=np.int64).view(np.float64)[0]
+    nan_b = np.array([0x7FF8000000000002], dtype=np.int64).view(np.float64)[0]
+    bufs = []
+    for r in range(p):
+        b = np.full(n, (0.0 if r % 2 else -0.0))
+        b[1] = (nan_a if r % 2 else nan_b)
+        b[2] = float(r)
+        bufs.append(b)
+    ref = [x.copy() for x in bufs]
+    expected = ref[0]
+    for x in ref[1:]:
+        expected = ufunc(expected, x)       # one fixed left-to-right order
+    execute(build_schedule("doubling", flat(p), n, Params()), bufs, reduce=ufunc)
+    for b in bufs:
+        assert b.tobytes() == bufs[0].tobytes()
+    assert bufs[0][2] == expected[2]
+
+
+def test_doubling_sends_whole_buffer_log2_p_times():
+    n = 1000
+    for p, rounds in [(2, 1), (4, 2), (8, 3)]:
+        sched = build_schedule("doubling", flat(p), n, Params())
+        for r in range(p):
+            assert sched.bytes_sent(r, 4) == rounds * n * 4
+    # a non-power of two folds: rank 1 sends once to rank 0 and receives the result
+    sched = build_schedule("doubling", flat(3), n, Params())
+    assert sched.bytes_sent(1, 4) == n * 4 and sched.bytes_sent(0, 4) == 2 * n * 4
 
 
 def test_float_result_close_to_exact_sum():

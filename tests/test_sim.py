@@ -186,16 +186,20 @@ def test_parse_rate_and_presets():
 
 
 # ---------------------------------------------------------------- tuner and report
-def test_tuner_one_color_small_many_colors_large():
+def test_tuner_latency_regime_small_many_colors_large():
     m = plain(8, overhead=3e-6)
     hosts = flat(8)
     algo, small = tuner.best_params(hosts, 1024, 4, model=m)
-    assert algo == "multicolor" and small.segment == 0      # latency-bound: one message per hop
-    _, large = tuner.best_params(hosts, 4 << 20, 4, model=m)
+    assert algo == "doubling" and small.segment == 0        # latency-bound: log2(p) exchanges
+    algo, small = tuner.best_params(hosts, 1024, 4, model=m, algorithms=("ring",))
+    assert algo == "ring"                                   # the family is only searched when asked
+    algo, large = tuner.best_params(hosts, 4 << 20, 4, model=m)
+    assert algo == "multicolor"
     assert large.colors >= 2 and large.segment > 0          # bandwidth-bound: colors, pipelined
     rows = tuner.table(m, [1024, 4 << 20])
     assert [r["size_bytes"] for r in rows] == [1024, 4 << 20]
     assert rows[0]["speedup_vs_ring"] > 1 and rows[1]["colors"] == large.colors
+    assert rows[0]["algorithm"] == "doubling" and rows[1]["algorithm"] == "multicolor"
 
 
 def test_tuning_table_lookup(tmp_path):

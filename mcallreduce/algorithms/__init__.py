@@ -12,13 +12,14 @@ from functools import lru_cache
 from typing import Optional, Sequence, Tuple
 
 from ..schedule import Schedule
+from .doubling import build_doubling
 from .multicolor import build_multicolor
 from .ring import build_ring
 
-__all__ = ["Params", "SCHEDULED", "build_schedule", "build_multicolor", "build_ring"]
+__all__ = ["Params", "SCHEDULED", "build_schedule", "build_doubling", "build_multicolor", "build_ring"]
 
 #: algorithms that exist as schedules (the runtime adds "mpi": MPI_Allreduce itself)
-SCHEDULED = ("multicolor", "ring")
+SCHEDULED = ("multicolor", "ring", "doubling")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ def build_schedule(name: str, hosts: Sequence[Sequence[int]], nelem: int, params
 def _cached(name: str, hosts: Tuple[Tuple[int, ...], ...], nelem: int, params: Params) -> Schedule:
     if name == "ring":
         return build_ring(hosts, nelem, segment=params.segment, depth=params.depth)
+    if name == "doubling":
+        return build_doubling(hosts, nelem, segment=params.segment, depth=params.depth)
     if name == "multicolor":
         return build_multicolor(hosts, nelem, colors=params.colors, segment=params.segment,
                                 fanout=params.fanout, hierarchical=params.hierarchical, depth=params.depth)

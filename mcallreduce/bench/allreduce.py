@@ -20,10 +20,12 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from ..algorithms import SCHEDULED
 from ..config import parse_size
 from . import mpit
 
-ALGORITHMS = ("multicolor", "ring", "mpi", "mpi-ring")
+ALGORITHMS = SCHEDULED + ("mpi", "mpi-ring")
+DEFAULT_ALGORITHMS = "multicolor,ring,mpi,mpi-ring"
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"
 
 
@@ -38,8 +40,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m mcallreduce.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma-separated byte sizes (default {DEFAULT_SIZES})")
-    ap.add_argument("--algorithms", default=",".join(ALGORITHMS),
-                    help=f"comma-separated subset of {', '.join(ALGORITHMS)}")
+    ap.add_argument("--algorithms", default=DEFAULT_ALGORITHMS,
+                    help=f"comma-separated subset of {', '.join(ALGORITHMS)} (default {DEFAULT_ALGORITHMS})")
     ap.add_argument("--dtype", default="float32", choices=["float16", "float32", "float64", "int32", "int64"])
     ap.add_argument("--warmup", type=int, default=2, help="untimed iterations per size (default 2)")
     ap.add_argument("--iters", type=int, default=0,

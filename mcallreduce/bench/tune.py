@@ -52,9 +52,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rows = table(m, sizes)
             tables[name], models[name] = rows, m.to_dict()
             print(f"# {m.describe()}")
-            print(f"{'size':>6} {'colors':>6} {'segment':>8} {'hier':>5} {'pred ms':>9} {'ring ms':>9} {'vs ring':>8}")
+            print(f"{'size':>6} {'algorithm':>10} {'colors':>6} {'segment':>8} {'hier':>5} {'pred ms':>9} {'ring ms':>9} {'vs ring':>8}")
             for row in rows:
-                print(f"{human(row['size_bytes']):>6} {row['colors']:>6} {human(row['segment_bytes']):>8} "
+                print(f"{human(row['size_bytes']):>6} {row['algorithm']:>10} {row['colors']:>6} {human(row['segment_bytes']):>8} "
                       f"{str(row['hierarchical'])[0]:>5} {row['predicted_s'] * 1e3:>9.3f} "
                       f"{row['ring_predicted_s'] * 1e3:>9.3f} {row['speedup_vs_ring']:>7.2f}x")
             sys.stdout.flush()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Optional, Tuple
 
-from ..algorithms import Params, build_schedule
+from ..algorithms import SCHEDULED, Params, build_schedule
 from ..schedule import Schedule
 from .model import ClusterModel
 from .mpi_models import ompi_schedule
@@ -21,7 +21,7 @@ from .simulate import simulate
 
 __all__ = ["ALGORITHMS", "predict", "schedule_for", "runtime_params", "CHECK_BYTES"]
 
-ALGORITHMS = ("multicolor", "ring", "mpi", "mpi-ring", "horovod")
+ALGORITHMS = SCHEDULED + ("mpi", "mpi-ring", "horovod")
 CHECK_BYTES = 22 * 8   # the runtime's metadata vector: 11 int64 fields and their negations
 
 
@@ -34,7 +34,7 @@ def runtime_params(algorithm: str, model: ClusterModel, nbytes: int, itemsize: i
 def schedule_for(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,
                  params: Optional[Params] = None) -> Schedule:
     nelem = max(1, nbytes // itemsize)
-    if algorithm in ("multicolor", "ring"):
+    if algorithm in SCHEDULED:
         params = params or runtime_params(algorithm, model, nbytes, itemsize)
         return build_schedule(algorithm, model.layout(), nelem, params)
     if algorithm in ("mpi", "horovod"):
@@ -46,7 +46,7 @@ def schedule_for(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int
 
 @lru_cache(maxsize=4096)
 def _time(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int, params: Optional[Params]) -> float:
-    if algorithm not in ("multicolor", "ring"):     # MPI's collectives run in C, not in our engine
+    if algorithm not in SCHEDULED:     # MPI's collectives run in C, not in our engine
         model = model.with_(overhead=model.mpi_overhead)
     return simulate(schedule_for(algorithm, model, nbytes, itemsize, params), model, itemsize).time
 
@@ -55,7 +55,7 @@ def predict(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,
             params: Optional[Params] = None, check: bool = True) -> float:
     """Seconds for one allreduce of ``nbytes`` on ``model``."""
     t = _time(algorithm, model, int(nbytes), itemsize, params)
-    if check and algorithm in ("multicolor", "ring") and model.nranks > 1:
+    if check and algorithm in SCHEDULED and model.nranks > 1:
         t += _time("mpi", model, CHECK_BYTES, 8, None)
     return t
 

@@ -73,6 +73,8 @@ def candidates(model: ClusterModel, nbytes: int, itemsize: int = 4,
                     if seg and seg * k * 2 > nelem:
                         continue
                     out.append(("multicolor", Params(colors=k, segment=seg, hierarchical=hier)))
+        if "multicolor" in algorithms and seg_bytes == 0:
+            out.append(("doubling", Params(segment=0)))   # the family's latency regime
         if "ring" in algorithms and seg_bytes in (0, 256 << 10):
             out.append(("ring", Params(segment=seg)))
     return out
@@ -116,10 +118,10 @@ def table(model: ClusterModel, sizes: Sequence[int], itemsize: int = 4) -> List[
     rows = []
     for n in sizes:
         scored = _best(model, n, itemsize, ("multicolor", "ring"))
-        best_mc = next((t, p) for t, a, p in scored if a == "multicolor")
+        best_mc = next((t, a, p) for t, a, p in scored if a in ("multicolor", "doubling"))
         best_ring = next((t, p) for t, a, p in scored if a == "ring")
-        t, p = best_mc
-        rows.append({"size_bytes": n, "colors": p.colors, "segment_bytes": p.segment * itemsize,
+        t, a, p = best_mc
+        rows.append({"size_bytes": n, "algorithm": a, "colors": p.colors, "segment_bytes": p.segment * itemsize,
                      "hierarchical": p.hierarchical, "predicted_s": t,
                      "ring_predicted_s": best_ring[0], "ring_segment_bytes": best_ring[1].segment * itemsize,
                      "speedup_vs_ring": best_ring[0] / t})
@@ -145,6 +147,8 @@ def lookup(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int = 4,
     rows = sorted(rows, key=lambda r: r["size_bytes"])
     row = next((r for r in rows if r["size_bytes"] >= nbytes), rows[-1])
     seg = row["segment_bytes"] // itemsize if row["segment_bytes"] else 0
+    if row.get("algorithm") == "doubling":
+        return "doubling", Params(segment=0)
     return "multicolor", Params(colors=row["colors"], segment=seg, hierarchical=row["hierarchical"])
 
 

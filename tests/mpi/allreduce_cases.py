@@ -47,7 +47,7 @@ def raises(exc_type, fn):
 
 @case
 def sum_matches_mpi_allreduce_all_lengths():
-    for algorithm in ("multicolor", "ring"):
+    for algorithm in ("multicolor", "ring", "doubling"):
         for n in (0, 1, size - 1, size + 1, 17, 1000, 65537, (1 << 18) + 3):
             for dtype in (np.float32, np.int64):
                 x = data(n, dtype)
@@ -61,7 +61,7 @@ def sum_matches_mpi_allreduce_all_lengths():
 def every_dtype_bitwise_identical_across_ranks_and_runs():
     rng = np.random.default_rng(rank)
     for dtype in mcallreduce.DTYPES:
-        for algorithm in ("multicolor", "ring"):
+        for algorithm in ("multicolor", "ring", "doubling"):
             src = (rng.standard_normal(300007) * 3).astype(dtype)
             a = src.copy()
             b = src.copy()
