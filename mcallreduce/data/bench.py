@@ -36,6 +36,8 @@ def add_arguments(p) -> None:
     p.add_argument("--epochs", type=int, default=2, help="timed epochs per path")
     p.add_argument("--ranks", default="1,2,4", help="local rank counts for the memory runs ('' skips them)")
     p.add_argument("--decoder", default=None, help="simplejpeg or pil (default: MCALLREDUCE_DATA_DECODER)")
+    p.add_argument("--decode-only", action="store_true",
+                   help="only the one-core decode table (decode + RRC-224 vs the decoder alone)")
     p.add_argument("--memory-worker", action="store_true", help=argparse_hidden())
     p.add_argument("--store", help=argparse_hidden())
 
@@ -138,31 +140,91 @@ def round_robin(paths: dict, args, epochs: int) -> dict:
     return {name: summarise(count[name], times[name]) for name in paths}
 
 
-def decode_per_core(store, decoder: str, limit: int = 400) -> dict:
-    """Single thread: the decoder alone on full images vs TrainTransform (reduced decode + RRC-224)."""
-    from .transforms import TrainTransform
-    import simplejpeg
-    from PIL import Image
+def decode_per_core(store, decoder: str, limit: int = 400, rounds: int = 3, chunk: int = 25,
+                    batch_size: int = 64) -> dict:
+    """One thread, bytes in memory: the decoder alone on full images vs decode + RRC-224 (+ normalise).
+
+    Every case runs on the same ``limit`` JPEGs, round robin in chunks of ``chunk``
+    images, ``rounds`` times over, so load from other users of the machine hits
+    every case alike; the ratios are of total times. Cases:
+
+      simplejpeg_full_decode / pil_full_decode   the decoder library alone, full size, RGB
+      rrc_<resizer>      TrainTransform(normalize=False): reduced decode + RRC-224 + flip, uint8 CHW
+                         (the issue's "decode + random-resized-crop to 224 px"), for each resizer
+      train_transform    TrainTransform() as constructed by default: + per-image float normalise
+      batch_normalize    transforms.Normalize (CPU: one numpy pass) on uint8 batches of ``batch_size``,
+                         per image; rrc + batch Normalize = the full pipeline with normalisation
+    """
     import io
+    import simplejpeg
+    import torch
+    from PIL import Image
+    from .transforms import Normalize, TrainTransform, _cv2, _torch_resize_op, resizer_name
     blobs = [bytes(store.sample_bytes(i)) for i in range(min(limit, len(store)))]
     jpegs = [b for b in blobs if b[:2] == b"\xff\xd8"]
-    results = {"images": len(jpegs)}
-
-    def rate(fn, items):
-        fn(items[0])
-        start = time.perf_counter()
-        for b in items:
-            fn(b)
-        return len(items) / (time.perf_counter() - start)
-
-    results["simplejpeg_full_decode"] = rate(lambda b: simplejpeg.decode_jpeg(b, colorspace="RGB"), jpegs)
-    results["pil_full_decode"] = rate(lambda b: Image.open(io.BytesIO(b)).convert("RGB"), jpegs)
-    transform = TrainTransform(decoder=decoder, seed=0)
-    results["train_transform"] = rate(transform, jpegs)
-    reference = results["simplejpeg_full_decode"] if transform.decoder == "simplejpeg" else results["pil_full_decode"]
-    results["decoder"] = transform.decoder
-    results["ratio_to_decoder_alone"] = results["train_transform"] / reference
+    default = TrainTransform(decoder=decoder, seed=0)
+    resizers = [r for r in ("torch", "pil", "cv2")
+                if r == "pil" or (r == "torch" and _torch_resize_op() is not None) or (r == "cv2" and _cv2())]
+    cases = {"simplejpeg_full_decode": lambda b: simplejpeg.decode_jpeg(b, colorspace="RGB"),
+             "pil_full_decode": lambda b: Image.open(io.BytesIO(b)).convert("RGB"),
+             "train_transform": default}
+    for r in resizers:
+        cases[f"rrc_{r}"] = TrainTransform(decoder=decoder, seed=0, normalize=False, resizer=r)
+    normalize = Normalize()
+    batch = torch.randint(0, 256, (batch_size, 3, 224, 224), dtype=torch.uint8)
+    for f in cases.values():
+        f(jpegs[0])
+    normalize(batch)
+    total = {name: 0.0 for name in cases}
+    total["batch_normalize"] = 0.0
+    for _ in range(rounds):
+        for i in range(0, len(jpegs), chunk):
+            part = jpegs[i:i + chunk]
+            for name, f in cases.items():
+                start = time.perf_counter()
+                for b in part:
+                    f(b)
+                total[name] += time.perf_counter() - start
+            start = time.perf_counter()
+            normalize(batch)     # one batch, charged per image of this chunk
+            total["batch_normalize"] += (time.perf_counter() - start) * len(part) / batch_size
+    n = rounds * len(jpegs)
+    results = {"images": len(jpegs), "rounds": rounds, "decoder": default.decoder,
+               "resizer": default.resizer, "resizers": resizers, "batch_size": batch_size}
+    results.update({name: n / t for name, t in total.items()})
+    reference = "simplejpeg_full_decode" if default.decoder == "simplejpeg" else "pil_full_decode"
+    results["reference"] = reference
+    results["rrc_batch_normalize"] = n / (total[f"rrc_{default.resizer}"] + total["batch_normalize"])
+    for name in [f"rrc_{r}" for r in resizers] + ["train_transform", "rrc_batch_normalize"]:
+        results[f"ratio_{name}"] = results[name] / results[reference]
+    # The issue's figure: decode + RRC-224 (+ flip), the default resizer, uint8 out.
+    results["ratio_to_decoder_alone"] = results[f"ratio_rrc_{default.resizer}"]
+    results["train_transform_resizer"] = resizer_name(None)
     return results
+
+
+def format_decode_table(d: dict) -> List[str]:
+    ref = d[d["reference"]]
+    notes = {"torch": "torch uint8 antialiased bilinear (default)", "pil": "Pillow antialiased bilinear",
+             "cv2": "OpenCV INTER_LINEAR, not antialiased (opt-in)"}
+    lines = [f"One thread, the first {d['images']} JPEGs of the store held in memory, every case round robin "
+             f"in chunks of 25 images, {d['rounds']} rounds; ratios of total times.", "",
+             "| one core, bytes in memory | images/s | / decoder alone |", "|---|---:|---:|",
+             f"| simplejpeg full decode (RGB) | {d['simplejpeg_full_decode']:.0f} | "
+             f"{d['simplejpeg_full_decode'] / ref:.2f} |",
+             f"| Pillow full decode (RGB) | {d['pil_full_decode']:.0f} | {d['pil_full_decode'] / ref:.2f} |"]
+    for r in d["resizers"]:
+        bold = "**" if r == d["resizer"] else ""
+        lines.append(f"| decode + RRC-224 + flip, uint8 out; resize: {notes.get(r, r)} | {d['rrc_' + r]:.0f} | "
+                     f"{bold}{d['ratio_rrc_' + r]:.2f}{bold} |")
+    lines += [f"| the same ({d['resizer']}) + batch Normalize to float32 ({d['batch_size']} per batch, "
+              f"numpy on the CPU) | {d['rrc_batch_normalize']:.0f} | {d['ratio_rrc_batch_normalize']:.2f} |",
+              f"| TrainTransform() default: + per-image normalise to float32 | {d['train_transform']:.0f} | "
+              f"{d['ratio_train_transform']:.2f} |",
+              "", f"Decode + RRC-224 ({d['decoder']}, resize {d['resizer']}) / decoder alone: "
+                  f"**{d['ratio_to_decoder_alone']:.2f}x**; with normalisation per batch "
+                  f"{d['ratio_rrc_batch_normalize']:.2f}x, per image {d['ratio_train_transform']:.2f}x."]
+    return lines
 
 
 def memory_worker(args) -> int:
@@ -243,11 +305,23 @@ def run(args) -> int:
     command = "python -m mcallreduce.data bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     root = prepare_data(args)
     store_path = os.path.join(args.out, "train.mcstore")
+    transform = TrainTransform(decoder=args.decoder)
+    if args.decode_only:
+        if not os.path.exists(store_path):   # reuse the store of an earlier run
+            pack(root, store_path, workers=os.cpu_count(), progress=False)
+        store = ImageStore.open(store_path, num_replicas=1, rank=0, progress=False)
+        d = decode_per_core(store, transform.decoder)
+        store.close()
+        table = "\n".join([f"`{command}`", ""] + format_decode_table(d))
+        print(table)
+        with open(os.path.join(args.out, "decode.json"), "w") as f:
+            json.dump({"command": command, "cpus": os.cpu_count(), "decode_per_core": d}, f, indent=1)
+        print(f"wrote {args.out}/decode.json", file=sys.stderr)
+        return 0
     start = time.perf_counter()
     report = pack(root, store_path, workers=os.cpu_count(), progress=False)
     pack_s = time.perf_counter() - start
     os.sync()
-    transform = TrainTransform(decoder=args.decoder)
     results = {"command": command, "threads": args.threads, "batch_size": args.batch_size,
                "images": report.num_samples, "bytes": report.blob_bytes, "mean_image_bytes":
                report.blob_bytes / report.num_samples, "pack_s": pack_s, "decoder": transform.decoder,
@@ -295,15 +369,8 @@ def format_table(r: dict) -> str:
         lines.append(f"| {name} | {x['images_per_s']:.0f} | {x['epoch_s']:.2f} | "
                      f"{x['images_per_s'] / r['memory']['images_per_s']:.2f} | "
                      f"{r['read_only'][key]['images_per_s']:.0f} |")
-    d = r["decode_per_core"]
     lines += ["", f"In-memory / cold: **{r['ratio_memory_vs_cold']:.2f}x**; in-memory / warm: "
-                  f"**{r['ratio_memory_vs_warm']:.2f}x**.", "",
-              "| one core, bytes in memory | images/s |", "|---|---:|",
-              f"| simplejpeg full decode | {d['simplejpeg_full_decode']:.0f} |",
-              f"| Pillow full decode | {d['pil_full_decode']:.0f} |",
-              f"| TrainTransform ({d['decoder']}: reduced decode + RRC-224 + flip + normalise) | "
-              f"{d['train_transform']:.0f} |",
-              "", f"TrainTransform / decoder alone: **{d['ratio_to_decoder_alone']:.2f}x**."]
+                  f"**{r['ratio_memory_vs_warm']:.2f}x**.", ""] + format_decode_table(r["decode_per_core"])
     if r["memory_runs"]:
         lines += ["", "| ranks on host | store share MiB | store resident on host MiB (sum of segment PSS) | ratio |"
                       " RSS/rank MiB | PSS/rank MiB | PSS host total MiB | images/s host |",

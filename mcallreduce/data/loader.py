@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -22,11 +22,15 @@ class ThreadedLoader:
 
     ``prefetch`` batches are decoded ahead of the one being consumed. ``state_dict``
     counts batches actually handed to the caller, so a resume is exact.
+    ``batch_transform`` is applied to each collated batch in the consuming thread,
+    e.g. ``transforms.Normalize(device="cuda")`` after ``TrainTransform(normalize=False)``:
+    the decode threads then hand out uint8 images and one vectorised op per batch
+    turns them into normalised floats (as FFCV and DALI do).
     """
 
     def __init__(self, dataset, batch_size: int = 1, sampler: Optional[Sampler] = None, shuffle: bool = False,
                  num_threads: Optional[int] = None, prefetch: int = 2, drop_last: bool = False,
-                 collate_fn=None):
+                 collate_fn=None, batch_transform: Optional[Callable] = None):
         if sampler is not None and shuffle:
             raise ValueError("sampler and shuffle are mutually exclusive (as in DataLoader)")
         self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
@@ -34,6 +38,7 @@ class ThreadedLoader:
         self.num_threads = num_threads or config.threads()
         self.prefetch = max(1, prefetch)
         self.collate_fn = collate_fn or collate
+        self.batch_transform = batch_transform
         self._pool: Optional[ThreadPoolExecutor] = None
         self._batches_done = 0
         self._consumed_base = 0
@@ -69,6 +74,8 @@ class ThreadedLoader:
 
     def _finish(self, futures) -> object:
         batch = self.collate_fn([f.result() for f in futures])
+        if self.batch_transform is not None:
+            batch = self.batch_transform(batch)
         self._batches_done += 1
         return batch
 

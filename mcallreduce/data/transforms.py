@@ -4,12 +4,16 @@ A random-resized crop of 224 px usually keeps a small part of the image, so
 these transforms pick the crop box first, from the JPEG header alone, and then
 let libjpeg decode at the smallest power-of-two scale (1/2, 1/4, 1/8: DCT-domain
 scaling) that keeps the box at least 224 px; one antialiased bilinear resize of
-the box follows. The decoder is simplejpeg when it imports (libjpeg-turbo) and
-Pillow's draft mode otherwise, or for non-JPEG and CMYK files. Both release the
-GIL, so a thread pool scales with cores.
+the box follows (Pillow's BILINEAR filter, run by torch's AVX2 uint8 kernel when
+there is one: several times faster than Pillow's own scalar code). The decoder
+is simplejpeg when it imports (libjpeg-turbo) and Pillow's draft mode otherwise,
+or for non-JPEG and CMYK files. Decoders and resize release the GIL, so a thread
+pool scales with cores.
 
 Transforms with ``takes_encoded = True`` receive the encoded bytes from the
 Dataset; any other callable receives a decoded RGB PIL image, as with ImageFolder.
+Output: float32 normalised CHW tensors, or uint8 with ``normalize=False``, to be
+normalised a batch at a time by :class:`Normalize` (on the GPU, for instance).
 """
 from __future__ import annotations
 
@@ -74,29 +78,130 @@ def _scale_for(width: int, height: int, box: Box, out: Tuple[int, int]) -> int:
     return k
 
 
-def decode_region(data, box: Box, out: Tuple[int, int], decoder: str = "simplejpeg",
-                  size: Optional[Tuple[int, int]] = None) -> Image.Image:
-    """Decode only as many pixels as needed and return ``box`` resized to ``out`` (mode RGB or RGBX)."""
-    width, height = size or image_size(data, decoder)
-    k = _scale_for(width, height, box, out)
-    image = None
+RESIZERS = ("torch", "pil", "cv2")
+_torch_aa = None     # torch's uint8 antialiased bilinear resize, once probed
+
+
+def _torch_resize_op():
+    """torch's uint8 antialiased bilinear resize, or None where it is not the fast kernel.
+
+    Since torch 2.1, ``interpolate(uint8 channels-last, mode="bilinear", antialias=True)``
+    runs an AVX2 port of Pillow-SIMD's convolution resize: the same filter as
+    Pillow's BILINEAR (results within 1 of 255), several times faster than Pillow's
+    scalar code, and it runs inline in the calling thread (no intra-op pool, so
+    it is safe to call from every decode thread at once). Elsewhere (no AVX2,
+    older torch) the generic kernel would enter torch's thread pool: not used.
+    """
+    global _torch_aa
+    if _torch_aa is None:
+        _torch_aa = False
+        try:
+            capability = torch.backends.cpu.get_cpu_capability()
+            op = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
+            if capability in ("AVX2", "AVX512") and op is not None:
+                probe = np.arange(16 * 20 * 3, dtype=np.uint8).reshape(16, 20, 3)
+                got = op(torch.from_numpy(probe).permute(2, 0, 1).unsqueeze(0), [7, 9], False, None)
+                want = np.asarray(Image.fromarray(probe).resize((9, 7), Image.BILINEAR)).transpose(2, 0, 1)
+                if got.dtype == torch.uint8 and np.abs(got[0].numpy().astype(int) - want).max() <= 1:
+                    _torch_aa = op
+        except Exception:   # old torch, no uint8 kernel, ...: Pillow does the resize
+            _torch_aa = False
+    return _torch_aa or None
+
+
+def _cv2():
+    try:
+        import cv2
+    except ImportError:
+        return None
+    return cv2
+
+
+def resizer_name(resizer: Optional[str] = None) -> str:
+    """``auto`` (default): torch's fast uint8 kernel when present, else Pillow. ``cv2`` is opt-in."""
+    name = resizer or "auto"
+    if name == "auto":
+        return "torch" if _torch_resize_op() is not None else "pil"
+    if name not in RESIZERS:
+        raise ValueError(f"resizer must be one of auto, {', '.join(RESIZERS)}; got {name!r}")
+    if name == "torch" and _torch_resize_op() is None:
+        raise RuntimeError("resizer='torch' needs torch >= 2.1 on an AVX2 CPU (its fast uint8 antialiased "
+                           "kernel); use resizer='pil'")
+    if name == "cv2":
+        cv = _cv2()
+        if cv is None:
+            raise ImportError("resizer='cv2' asked for, but cv2 does not import (pip install opencv-python-headless)")
+        cv.setNumThreads(1)   # called from the decode threads: no nested pool
+    return name
+
+
+def _decode(data, k: int, width: int, height: int, decoder: str, layout: str):
+    """Decode at 1/k scale: an HxWxC uint8 array (``layout`` RGB or RGBX) or, from Pillow, an RGB image."""
     if decoder == "simplejpeg" and simplejpeg is not None and _is_jpeg(data):
         try:
-            # RGBX is Pillow's own pixel layout: frombuffer then wraps the array without a copy.
-            array = simplejpeg.decode_jpeg(data, colorspace="RGBX", min_factor=k,
-                                           min_width=math.ceil(width / k), min_height=math.ceil(height / k))
-            image = Image.frombuffer("RGBX", (array.shape[1], array.shape[0]), array, "raw", "RGBX", 0, 1)
+            return simplejpeg.decode_jpeg(data, colorspace=layout, min_factor=k,
+                                          min_width=math.ceil(width / k), min_height=math.ceil(height / k))
         except ValueError:   # CMYK, progressive oddities, ...: let Pillow try
-            image = None
-    if image is None:
-        image = Image.open(io.BytesIO(data))
-        if image.format == "JPEG" and k > 1:
-            image.draft("RGB", (math.ceil(width / k), math.ceil(height / k)))
-        if image.mode not in ("RGB", "RGBX"):
-            image = image.convert("RGB")
-    sx, sy = image.width / width, image.height / height
-    scaled = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
-    return image.resize(out, Image.BILINEAR, box=scaled)
+            pass
+    image = Image.open(io.BytesIO(data))
+    if image.format == "JPEG" and k > 1:
+        image.draft("RGB", (math.ceil(width / k), math.ceil(height / k)))
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def crop_resize(image, box: Box, out: Tuple[int, int], flip: bool = False, resizer: str = "torch") -> np.ndarray:
+    """``box`` of ``image`` (HxWxC uint8 array, C >= 3, or PIL image) resized to ``out`` = (width, height)
+    with an antialiased bilinear filter, mirrored when ``flip``: a 3 x height x width uint8 array.
+
+    ``pil`` resizes the (fractional) box itself; ``torch`` and ``cv2`` round it to whole pixels
+    (at most half a pixel of shift) and resize a contiguous copy of it.
+    ``cv2`` (opt-in) is OpenCV's INTER_LINEAR: not antialiased when shrinking.
+    """
+    if resizer == "pil":
+        if not isinstance(image, Image.Image):
+            if image.shape[2] == 4:   # RGBX is Pillow's own layout: wrap the array, no copy
+                image = Image.frombuffer("RGBX", (image.shape[1], image.shape[0]), image, "raw", "RGBX", 0, 1)
+            else:
+                image = Image.fromarray(np.ascontiguousarray(image[:, :, :3]))
+        small = image.resize(out, Image.BILINEAR, box=box)
+        if flip:
+            small = small.transpose(Image.FLIP_LEFT_RIGHT)
+        return np.ascontiguousarray(np.asarray(small).transpose(2, 0, 1)[:3])
+    array = np.asarray(image)
+    height, width = array.shape[:2]
+    left = min(max(int(round(box[0])), 0), width - 1)
+    top = min(max(int(round(box[1])), 0), height - 1)
+    right = min(max(int(round(box[2])), left + 1), width)
+    bottom = min(max(int(round(box[3])), top + 1), height)
+    # torch's kernel wants contiguous channels-last: numpy copies the box (torch would, through its thread pool).
+    crop = np.ascontiguousarray(array[top:bottom, left:right])
+    if crop.shape[1] == out[0] and crop.shape[0] == out[1]:
+        small = crop.transpose(2, 0, 1)[:3]
+    elif resizer == "cv2":
+        small = _cv2().resize(crop, out, interpolation=_cv2().INTER_LINEAR).transpose(2, 0, 1)[:3]
+    else:
+        small = _torch_resize_op()(torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0),
+                                   [out[1], out[0]], False, None)[0, :3].numpy()   # NCHW: 3 planes, contiguous
+    # Mirror the small CHW result, not the box: numpy copies 3-byte pixels backwards 15x slower than bytes.
+    return np.ascontiguousarray(small[:, :, ::-1] if flip else small)
+
+
+def decode_crop(data, box: Box, out: Tuple[int, int], decoder: str = "simplejpeg",
+                size: Optional[Tuple[int, int]] = None, flip: bool = False, resizer: str = "torch") -> np.ndarray:
+    """Decode only as many pixels as needed; ``box`` (source pixels) resized to ``out``: 3xHxW uint8."""
+    width, height = size or image_size(data, decoder)
+    k = _scale_for(width, height, box, out)
+    image = _decode(data, k, width, height, decoder, "RGBX" if resizer == "pil" else "RGB")
+    w, h = (image.size if isinstance(image, Image.Image) else (image.shape[1], image.shape[0]))
+    sx, sy = w / width, h / height
+    return crop_resize(image, (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy), out, flip, resizer)
+
+
+def decode_region(data, box: Box, out: Tuple[int, int], decoder: str = "simplejpeg",
+                  size: Optional[Tuple[int, int]] = None, resizer: Optional[str] = None) -> Image.Image:
+    """:func:`decode_crop` as an RGB PIL image."""
+    chw = decode_crop(data, box, out, decoder, size, resizer=resizer_name(resizer))
+    return Image.fromarray(np.ascontiguousarray(chw.transpose(1, 2, 0)))
 
 
 def random_resized_crop_box(width: int, height: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
@@ -133,7 +238,7 @@ def centre_crop_box(width: int, height: int, resize: int, crop: int) -> Box:
 
 
 class _ToTensor:
-    """HWC uint8 image -> CHW float normalised (or uint8 when ``normalize`` is False).
+    """3xHxW uint8 array -> float32 normalised tensor (or the uint8 tensor when ``normalize`` is False).
 
     numpy, not torch ops: torch's intra-op thread pool, entered from every decode
     thread at once for a 224x224 image, was 20x slower than one numpy pass here.
@@ -144,39 +249,112 @@ class _ToTensor:
         self.shift = (np.asarray(mean, dtype=np.float32) * 255).reshape(3, 1, 1)
         self.scale = (1.0 / (np.asarray(std, dtype=np.float32) * 255)).reshape(3, 1, 1)
 
-    def __call__(self, image: Image.Image) -> torch.Tensor:
-        chw = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)[:3]   # RGBX images carry a 4th byte
+    def __call__(self, chw: np.ndarray) -> torch.Tensor:
         if not self.normalize:
-            return torch.from_numpy(np.ascontiguousarray(chw))
+            return torch.from_numpy(chw)
         out = np.empty(chw.shape, dtype=np.float32)    # contiguous CHW, filled in one pass
         np.subtract(chw, self.shift, out=out)
         out *= self.scale
         return torch.from_numpy(out)
 
 
+class Normalize:
+    """Batch-level ToTensor + Normalize for uint8 batches: ``ThreadedLoader(..., batch_transform=Normalize())``.
+
+    With ``TrainTransform(normalize=False)`` (or EvalTransform) the decode threads
+    hand out uint8 images, 4x fewer bytes than float32, as FFCV and DALI do; this
+    turns a whole (N, 3, H, W) uint8 batch into ``dtype`` normalised with ``mean``
+    and ``std`` (of 0..1 images), equal to what ``normalize=True`` gives per image.
+    With ``device`` (say ``"cuda"``) the uint8 batch is copied there first and
+    normalised there by one torch kernel; on the CPU one numpy pass does it (torch's
+    CPU kernels for this uint8 -> float broadcast measured 2-4x slower than numpy).
+    Takes the ``(images, labels)`` pairs of the loader (labels moved to ``device``
+    too) or a bare image batch. ``channels_last`` returns that memory format.
+    """
+
+    def __init__(self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
+                 device=None, dtype: torch.dtype = torch.float32, channels_last: bool = False,
+                 non_blocking: bool = True):
+        self.device = torch.device(device) if device is not None else None
+        self.dtype, self.channels_last, self.non_blocking = dtype, channels_last, non_blocking
+        std255 = np.asarray(std, dtype=np.float64) * 255
+        self._scale = (1.0 / std255).astype(np.float32)                                   # x * scale + bias
+        self._bias = (-np.asarray(mean, dtype=np.float64) * 255 / std255).astype(np.float32)
+        self._on = {}
+
+    def _constants(self, device):
+        if device not in self._on:
+            shape = (1, 3, 1, 1)
+            self._on[device] = (torch.tensor(self._scale, dtype=self.dtype, device=device).reshape(shape),
+                                torch.tensor(self._bias, dtype=self.dtype, device=device).reshape(shape))
+        return self._on[device]
+
+    def images(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.uint8 or x.dim() != 4 or x.shape[1] != 3:
+            raise TypeError(f"Normalize expects uint8 (N, 3, H, W) batches (TrainTransform(normalize=False)); "
+                            f"got {x.dtype} {tuple(x.shape)}")
+        if self.device is not None and self.device.type != "cpu":
+            x = x.to(self.device, non_blocking=self.non_blocking)
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            scale, bias = self._constants(x.device)
+            return torch.addcmul(bias, x, scale)     # promotes uint8 -> dtype inside the one kernel
+        if self.dtype != torch.float32:
+            return self._numpy(x).to(self.dtype)
+        return self._numpy(x)
+
+    def _numpy(self, x: torch.Tensor) -> torch.Tensor:
+        array = x.numpy()
+        if self.channels_last:       # NHWC storage, returned as an NCHW channels-last view
+            out = np.empty((array.shape[0], array.shape[2], array.shape[3], 3), dtype=np.float32)
+            np.multiply(array.transpose(0, 2, 3, 1), self._scale, out=out)
+            out += self._bias
+            return torch.from_numpy(out).permute(0, 3, 1, 2)
+        out = np.empty(array.shape, dtype=np.float32)
+        scale, bias = self._scale.reshape(3, 1, 1), self._bias.reshape(3, 1, 1)
+        for image, result in zip(array, out):   # an image at a time: the second pass hits the cache
+            np.multiply(image, scale, out=result)
+            result += bias
+        return torch.from_numpy(out)
+
+    def __call__(self, batch):
+        if isinstance(batch, (tuple, list)) and len(batch) == 2:
+            images, labels = batch
+            if self.device is not None and isinstance(labels, torch.Tensor):
+                labels = labels.to(self.device, non_blocking=self.non_blocking)
+            return self.images(images), labels
+        return self.images(batch)
+
+
 class TrainTransform:
-    """RandomResizedCrop(size) + RandomHorizontalFlip + ToTensor + Normalize, decoding at reduced scale."""
+    """RandomResizedCrop(size) + RandomHorizontalFlip + ToTensor + Normalize, decoding at reduced scale.
+
+    ``normalize=False`` returns uint8 CHW tensors (normalise per batch: :class:`Normalize`).
+    ``resizer``: ``auto`` (torch's uint8 antialiased bilinear kernel when present, else
+    Pillow's), ``torch``, ``pil`` or ``cv2`` (opt-in, OpenCV INTER_LINEAR, not antialiased).
+    """
     takes_encoded = True
 
     def __init__(self, size: int = 224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip: float = 0.5,
                  normalize: bool = True, mean=IMAGENET_MEAN, std=IMAGENET_STD, decoder: Optional[str] = None,
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None, resizer: Optional[str] = None):
         self.size, self.scale, self.ratio, self.flip = size, scale, ratio, flip
         self.decoder = decoder_name(decoder)
+        self.resizer = resizer_name(resizer)
         self.rng = random.Random(seed)
         self.to_tensor = _ToTensor(normalize, mean, std)
 
     def __call__(self, data) -> torch.Tensor:
+        out = (self.size, self.size)
         if isinstance(data, Image.Image):   # also usable on decoded images
             box = random_resized_crop_box(data.width, data.height, self.scale, self.ratio, self.rng)
-            image = data.convert("RGB").resize((self.size, self.size), Image.BILINEAR, box=box)
+            chw = crop_resize(data.convert("RGB"), box, out, self.rng.random() < self.flip, self.resizer)
         else:
             width, height = image_size(data, self.decoder)
             box = random_resized_crop_box(width, height, self.scale, self.ratio, self.rng)
-            image = decode_region(data, box, (self.size, self.size), self.decoder, (width, height))
-        if self.rng.random() < self.flip:
-            image = image.transpose(Image.FLIP_LEFT_RIGHT)
-        return self.to_tensor(image)
+            chw = decode_crop(data, box, out, self.decoder, (width, height), self.rng.random() < self.flip,
+                              self.resizer)
+        return self.to_tensor(chw)
 
 
 class EvalTransform:
@@ -184,17 +362,19 @@ class EvalTransform:
     takes_encoded = True
 
     def __init__(self, size: int = 224, resize: int = 256, normalize: bool = True, mean=IMAGENET_MEAN,
-                 std=IMAGENET_STD, decoder: Optional[str] = None):
+                 std=IMAGENET_STD, decoder: Optional[str] = None, resizer: Optional[str] = None):
         self.size, self.resize = size, resize
         self.decoder = decoder_name(decoder)
+        self.resizer = resizer_name(resizer)
         self.to_tensor = _ToTensor(normalize, mean, std)
 
     def __call__(self, data) -> torch.Tensor:
+        out = (self.size, self.size)
         if isinstance(data, Image.Image):
             box = centre_crop_box(data.width, data.height, self.resize, self.size)
-            image = data.convert("RGB").resize((self.size, self.size), Image.BILINEAR, box=box)
+            chw = crop_resize(data.convert("RGB"), box, out, False, self.resizer)
         else:
             width, height = image_size(data, self.decoder)
             box = centre_crop_box(width, height, self.resize, self.size)
-            image = decode_region(data, box, (self.size, self.size), self.decoder, (width, height))
-        return self.to_tensor(image)
+            chw = decode_crop(data, box, out, self.decoder, (width, height), False, self.resizer)
+        return self.to_tensor(chw)

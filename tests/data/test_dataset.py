@@ -13,7 +13,12 @@ from torch.utils.data import DataLoader
 from data_helpers import imagefolder_order
 from mcallreduce.data import (EvalTransform, ImageStore, InMemoryDistributedSampler, InMemoryImageFolder,
                               StoreFile, ThreadedLoader, TrainTransform)
-from mcallreduce.data.transforms import _scale_for, decode_region, image_size
+from mcallreduce.data.transforms import (Normalize, _cv2, _scale_for, _torch_resize_op, crop_resize, decode_crop,
+                                        decode_region, image_size, random_resized_crop_box, resizer_name)
+
+# The antialiased resizers available here (torch's kernel needs torch >= 2.1 on AVX2); cv2 is opt-in, not antialiased.
+ANTIALIASED = ["pil"] + (["torch"] if _torch_resize_op() is not None else [])
+ALL_RESIZERS = ANTIALIASED + (["cv2"] if _cv2() is not None else [])
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +64,90 @@ def test_train_transform_decodes_at_reduced_scale_without_visible_loss(photo_tre
     assert _scale_for(width, height, box, (224, 224)) == 2
     full = Image.open(path).convert("RGB").resize((224, 224), Image.BILINEAR, box=box)
     for decoder in ("simplejpeg", "pil"):
-        reduced = decode_region(data, box, (224, 224), decoder).convert("RGB")
-        diff = np.abs(np.asarray(reduced, np.float32) - np.asarray(full, np.float32)).mean()
-        assert diff < 3.0, (decoder, diff)           # of 255: the same picture
+        for resizer in ALL_RESIZERS:
+            reduced = decode_region(data, box, (224, 224), decoder, resizer=resizer).convert("RGB")
+            diff = np.abs(np.asarray(reduced, np.float32) - np.asarray(full, np.float32)).mean()
+            assert diff < 3.0, (decoder, resizer, diff)           # of 255: the same picture
+
+
+def test_crop_resize_matches_a_reference_antialiased_resize(store):
+    """Each resizer against Pillow's antialiased BILINEAR resize of the box on the full decode (what
+    torchvision's RandomResizedCrop does on PIL images): a small mean absolute difference, of 255."""
+    rng = random.Random(3)
+    diffs = {r: [] for r in ALL_RESIZERS}
+    for i in range(0, len(store), 5):
+        data = bytes(store.sample_bytes(i))
+        image = Image.open(__import__("io").BytesIO(data)).convert("RGB")
+        box = random_resized_crop_box(image.width, image.height, rng=rng)
+        reference = np.asarray(image.resize((224, 224), Image.BILINEAR, box=box), np.float32).transpose(2, 0, 1)
+        for r in ALL_RESIZERS:
+            ours = decode_crop(data, box, (224, 224), "simplejpeg", resizer=r)
+            assert ours.shape == (3, 224, 224) and ours.dtype == np.uint8 and ours.flags.c_contiguous
+            flipped = decode_crop(data, box, (224, 224), "simplejpeg", flip=True, resizer=r)
+            assert np.array_equal(flipped, ours[:, :, ::-1])
+            diffs[r].append(np.abs(ours.astype(np.float32) - reference).mean())
+    for r, d in diffs.items():
+        mean, worst = float(np.mean(d)), float(np.max(d))
+        if r in ANTIALIASED:     # the same filter: only libjpeg's reduced decode of big boxes differs
+            assert mean < 0.3 and worst < 5.0, (r, mean, worst)
+        else:                    # cv2 INTER_LINEAR: no antialiasing when shrinking
+            assert mean < 2.0 and worst < 8.0, (r, mean, worst)
+    if "torch" in ANTIALIASED:   # torch's kernel is a port of Pillow's: within rounding
+        assert np.mean(diffs["torch"]) < 0.1
+        assert resizer_name() == "torch"
+
+
+def test_torch_resize_stays_in_the_calling_thread():
+    """The decode threads call torch's resize at once: it must not enter torch's intra-op pool
+    (an OpenMP team per calling thread oversubscribes the cores)."""
+    if "torch" not in ANTIALIASED or not os.path.isdir("/proc/self/task"):
+        pytest.skip("torch's uint8 antialiased kernel not available here")
+    import threading
+    array = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    counts = []
+
+    def work():
+        for flip in (False, True):
+            crop_resize(array, (10, 20, 500, 400), (224, 224), flip, "torch")
+        counts.append(len(os.listdir("/proc/self/task")))    # an OpenMP team would still be alive here
+
+    before = len(os.listdir("/proc/self/task"))
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert counts == [before + 1]
+
+
+def test_batch_normalize_equals_per_image_normalisation(store):
+    dataset = InMemoryImageFolder(store, EvalTransform())
+    raw = InMemoryImageFolder(store, EvalTransform(normalize=False))
+    indices = list(range(0, 64, 3))
+    expected = torch.stack([dataset[i][0] for i in indices])
+    batch = torch.stack([raw[i][0] for i in indices])
+    assert batch.dtype == torch.uint8
+    for channels_last in (False, True):
+        got = Normalize(channels_last=channels_last)(batch)
+        assert got.dtype == torch.float32 and torch.allclose(got, expected, atol=1e-5)
+        assert got.is_contiguous(memory_format=torch.channels_last) == channels_last
+    assert Normalize(dtype=torch.float16)(batch).dtype == torch.float16
+    with pytest.raises(TypeError):
+        Normalize()(expected)                       # float input: already normalised
+    # The device branch (one torch kernel after the copy; "cuda" in training), checked on the meta device.
+    on_device, labels = Normalize(device="meta", channels_last=True)((batch, torch.arange(len(indices))))
+    assert on_device.device.type == labels.device.type == "meta" and on_device.dtype == torch.float32
+    assert on_device.shape == batch.shape and on_device.is_contiguous(memory_format=torch.channels_last)
+    # In the loader: uint8 from the decode threads, one pass per batch, same tensors as per-image normalise.
+    sampler = list(range(40))
+    ours = list(ThreadedLoader(raw, batch_size=16, sampler=sampler, num_threads=2, batch_transform=Normalize()))
+    reference = list(ThreadedLoader(dataset, batch_size=16, sampler=sampler, num_threads=2))
+    for (a, la), (b, lb) in zip(ours, reference):
+        assert a.dtype == torch.float32 and torch.allclose(a, b, atol=1e-5) and torch.equal(la, lb)
+    # The same boxes and flips (same seed) give the same training tensors, uint8 + Normalize or float.
+    data = [store.sample_bytes(i) for i in range(8)]
+    a = Normalize()(torch.stack([TrainTransform(seed=4, normalize=False)(d) for d in data[:1]] +
+                                [TrainTransform(seed=5, normalize=False)(d) for d in data[1:2]]))
+    b = torch.stack([TrainTransform(seed=4)(data[0]), TrainTransform(seed=5)(data[1])])
+    assert torch.allclose(a, b, atol=1e-5)
 
 
 def test_transforms_give_normalised_tensors_for_every_sample(store):
@@ -72,6 +158,13 @@ def test_transforms_give_normalised_tensors_for_every_sample(store):
         y, _ = evaluation[i]
         assert x.shape == y.shape == (3, 224, 224) and x.dtype == torch.float32
         assert torch.isfinite(x).all() and -2.2 < float(x.min()) and float(x.max()) < 2.7
+    for resizer in ALL_RESIZERS:                    # every resizer, on every kind of file
+        train = InMemoryImageFolder(store, TrainTransform(seed=0, normalize=False, resizer=resizer))
+        for i in range(0, len(store), 23):
+            x, _ = train[i]
+            assert x.shape == (3, 224, 224) and x.dtype == torch.uint8
+    with pytest.raises(ValueError):
+        TrainTransform(resizer="bicubic")
     plain = InMemoryImageFolder(store, lambda img: torch.from_numpy(np.asarray(img).copy()))   # any callable
     assert plain[3][0].dtype == torch.uint8
 
