@@ -37,7 +37,6 @@ class Bucket:
         self.layout = ";".join(f"{n}{tuple(p.shape)}{p.dtype}" for n, p in zip(names, params))
         self.ready = 0            # parameters whose gradients are final for this step
         self.routed = None        # the allreduce in flight
-        self.checked = False      # layout compared across ranks once (it never changes)
         self.sparse: Dict[int, object] = {}   # slot -> stock Horovod sparse handle
 
 
@@ -142,9 +141,9 @@ class _BucketedMethods:
             kind, pre, post = "average", 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         else:
             kind, pre, post = "sum", 1.0, 1.0
-        bucket.routed = ROUTER.start(bucket.label, [bucket.flat], kind, pre, post, shapes=bucket.layout,
-                                     checked=not bucket.checked)
-        bucket.checked = True
+        # The metadata check runs every step although the layout never changes: a rank inside
+        # hvd.join() learns from it what to contribute zeros to (see routing.py).
+        bucket.routed = ROUTER.start(bucket.label, [bucket.flat], kind, pre, post, shapes=bucket.layout)
         state.counters["buckets"] += 1
 
     def synchronize(self):

@@ -29,7 +29,8 @@ PROGRESS_VARIABLE = "MCALLREDUCE_PROGRESS_THREAD"
 DEFAULT_BUCKET_BYTES = 25 << 20   # as DDP's default bucket: a few buckets for a ResNet-50
 
 #: what the plugin did, per kind: "routed" hvd.allreduce* calls, "buckets" of gradients,
-#: "fallback" calls handed to stock Horovod
+#: "fallback" calls handed to stock Horovod, "served_joined" allreduces of other ranks this
+#: rank contributed zeros to from inside hvd.join()
 counters: collections.Counter = collections.Counter()
 _warned: set = set()
 _local = threading.local()
@@ -104,5 +105,5 @@ def stock_horovod() -> Iterator[None]:
 
 
 def stats() -> Dict[str, int]:
-    """Counts of routed calls, gradient buckets and fallbacks in this process."""
-    return {"routed": counters["routed"], "buckets": counters["buckets"], "fallback": counters["fallback"]}
+    """Counts of routed calls, gradient buckets, fallbacks and allreduces served inside hvd.join()."""
+    return {name: counters[name] for name in ("routed", "buckets", "fallback", "served_joined")}

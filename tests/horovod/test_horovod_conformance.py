@@ -7,7 +7,7 @@ from hvd_helpers import OFF, ON, explain, mpi_job, needs_horovod
 pytestmark = needs_horovod
 
 ERROR_CASES = ("duplicate_name_error", "shape_mismatch_error", "same_count_other_shape_error",
-               "dtype_mismatch_error", "optimizer_zero_grad_before_step_error")
+               "inplace_other_shape_unchanged", "dtype_mismatch_error", "optimizer_zero_grad_before_step_error")
 
 
 def conformance(np_, env, path):
@@ -28,6 +28,9 @@ def test_plugin_matches_stock_horovod(np_, tmp_path):
     for name in ERROR_CASES:   # the error cases raise in both modes
         assert isinstance(stock[name], str) and stock[name].startswith("raised"), (name, stock[name])
         assert isinstance(plugin[name], str) and plugin[name].startswith("raised"), (name, plugin[name])
+    # in place, the tensor is left as it was on every rank (all ranks agree: checked above)
+    assert stock["inplace_other_shape_unchanged"] == plugin["inplace_other_shape_unchanged"] \
+        == "raised HorovodInternalError; unchanged True", plugin["inplace_other_shape_unchanged"]
     for name, want in stock.items():
         got = plugin[name]
         if isinstance(want, str):

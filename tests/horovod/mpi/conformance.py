@@ -142,6 +142,19 @@ def _():
     return hvd.allreduce(torch.ones((2, 3) if rank == 0 else (3, 2)), name="mismatch.shape")
 
 
+@case("inplace_other_shape_unchanged")
+def _():
+    # the same element count in another shape, in place: an error on every rank, and the
+    # tensor keeps its values (nothing of the other ranks' data, no prescale applied)
+    t = (torch.arange(6.0) + 10 * rank).reshape((2, 3) if rank == 0 else (3, 2))
+    before = t.clone()
+    try:
+        hvd.allreduce_(t, name="mismatch.inplace", prescale_factor=3.0)
+        return f"no error; unchanged {torch.equal(t, before)}"
+    except Exception as exc:
+        return f"raised {type(exc).__name__}; unchanged {torch.equal(t, before)}"
+
+
 @case("dtype_mismatch_error")
 def _():
     return hvd.allreduce(torch.ones(10, dtype=torch.float32 if rank == 0 else torch.int32), name="mismatch.dtype")

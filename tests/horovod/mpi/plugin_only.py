@@ -12,12 +12,35 @@ hvd.init()
 rank, size = hvd.rank(), hvd.size()
 checks = {}
 
-# 1. different names at the same position raise on every rank (stock would match by name)
+# 1. different names at the same position raise on every rank (stock would match by name),
+#    saying what to do
 try:
     hvd.allreduce(torch.ones(5), name=f"metric.{rank}")
     checks["name_mismatch_raises"] = False
 except hvd.HorovodInternalError as exc:
-    checks["name_mismatch_raises"] = "metric." in str(exc)
+    checks["name_mismatch_raises"] = "metric." in str(exc) and "MCALLREDUCE_HOROVOD=0" in str(exc)
+
+
+# 1b. ... and in place, the tensors keep their values on every rank: the check runs before any
+#     result reaches them (blocking, async, grouped with two dtypes, and a count mismatch)
+def unchanged_after_error(start):
+    tensors = [torch.arange(7.0) + 100 * rank, torch.arange(4, dtype=torch.int64) + 100 * rank]
+    before = [t.clone() for t in tensors]
+    try:
+        start(tensors)
+        return False
+    except hvd.HorovodInternalError:
+        return all(torch.equal(t, b) for t, b in zip(tensors, before))
+
+
+checks["inplace_unchanged_after_name_mismatch"] = all([
+    unchanged_after_error(lambda ts: hvd.allreduce_(ts[0], name=f"inplace.{rank}", prescale_factor=2.0)),
+    unchanged_after_error(lambda ts: hvd.synchronize(hvd.allreduce_async_(ts[1], name=f"async.{rank}",
+                                                                          op=hvd.Sum))),
+    unchanged_after_error(lambda ts: hvd.grouped_allreduce_(ts, name=f"grouped.{rank}", op=hvd.Sum)),
+    unchanged_after_error(lambda ts: hvd.allreduce_(ts[0][:7 - rank], name="count")),
+    hvd.allreduce(torch.ones(2), name="after", op=hvd.Sum).tolist() == [float(size)] * 2,
+])
 
 # 2. a feature off the fast path warns once and still gives stock Horovod's answer
 with warnings.catch_warnings(record=True) as caught:
