@@ -13,8 +13,9 @@
 | MCALLREDUCE_RANKS_PER_HOST   | auto, or an integer >= 1       | auto       |
 | MCALLREDUCE_TUNING_FILE      | a tuning table (JSON) or unset | unset      |
 
-The Horovod plugin adds three, parsed in ``mcallreduce/horovod/state.py`` because
-its startup hook must decide before anything heavy is imported:
+The Horovod plugin's three (functions at the end of this module, read when asked, because
+the startup hook decides before anything heavy is imported; this module imports only the
+standard library):
 
 | variable                     | values                         | default    |
 |------------------------------|--------------------------------|------------|
@@ -22,8 +23,8 @@ its startup hook must decide before anything heavy is imported:
 | MCALLREDUCE_BUCKET_BYTES     | a size (25M, 4M)               | 25M        |
 | MCALLREDUCE_PROGRESS_THREAD  | auto, 1, 0                     | auto       |
 
-and the data package its ``MCALLREDUCE_DATA_*`` variables (``mcallreduce/data/config.py``,
-docs/data.md), kept apart so that loading data never imports the allreduce engine.
+and the data package's ``MCALLREDUCE_DATA_*`` variables (:data:`DATA_VARIABLES`, read through
+the :class:`data` namespace; docs/data.md lists them).
 
 Variables are read once, at first use (like Horovod's); a process that changes
 them later calls :func:`reload`. ``auto`` values are resolved per message size
@@ -41,27 +42,34 @@ import re
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence, Tuple
 
-from .algorithms import SCHEDULED, Params
+from typing import TYPE_CHECKING
 
-__all__ = ["ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_size", "resolve"]
+if TYPE_CHECKING:   # imported lazily: the startup hook and the data package import this module
+    from .algorithms import Params
 
-#: every algorithm the runtime accepts; "mpi" is MPI_Allreduce itself (stock Horovod's CPU path)
-ALGORITHMS = SCHEDULED + ("mpi",)
+__all__ = ["ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_size", "resolve",
+           "horovod_switch", "horovod_requested_by_startup_hook", "horovod_requested_by_import",
+           "bucket_bytes", "progress_thread", "data"]
+
+#: every algorithm the runtime accepts; "mpi" is MPI_Allreduce itself (stock Horovod's CPU path).
+#: The first three are schedules (``algorithms.SCHEDULED``, checked equal by the tests).
+ALGORITHMS = ("multicolor", "ring", "doubling", "mpi")
 
 
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the variable and the allowed values."""
 
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgKMG]?)(i?[bB])?\s*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(i?[bB])?\s*$")
 
 
 def parse_size(text: str, what: str = "size") -> int:
-    """'256K' -> 262144, '1M' -> 1048576, '4096' -> 4096 (binary units)."""
+    """'256K' -> 262144, '1M' -> 1048576, '1.5G', '4096' -> 4096 (binary units)."""
     m = _SIZE.match(str(text))
     if not m:
-        raise ConfigError(f"{what}: {text!r} is not a size (examples: 4096, 256K, 1M)")
-    return int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
+        raise ConfigError(f"{what}: {text!r} is not a size (examples: 4096, 256K, 1M, 1.5G)")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale) if "." in m.group(1) else int(m.group(1)) * scale
 
 
 @dataclass(frozen=True)
@@ -200,7 +208,7 @@ def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
 
 
 def _tuned(config: Config, hosts: Sequence[Sequence[int]], nbytes: int,
-           itemsize: int) -> Optional[Tuple[str, Params]]:
+           itemsize: int) -> Optional[Tuple[str, "Params"]]:
     """The tuning table's choice for this layout and size, if a table is configured and has one."""
     if not config.tuning_file or config.algorithm != "multicolor":
         return None
@@ -221,8 +229,9 @@ def _slices(config: Config, colors: int, hosts: Sequence[Sequence[int]]) -> int:
 
 
 def resolve(config: Config, nbytes: int, itemsize: int,
-            hosts: Sequence[Sequence[int]]) -> Tuple[str, Params]:
+            hosts: Sequence[Sequence[int]]) -> Tuple[str, "Params"]:
     """Concrete algorithm and schedule parameters for one message of ``nbytes``."""
+    from .algorithms import Params
     max_local = max(len(h) for h in hosts)
     nranks = sum(len(h) for h in hosts)
     hit = _tuned(config, hosts, nbytes, itemsize)
@@ -252,3 +261,168 @@ def resolve(config: Config, nbytes: int, itemsize: int,
         return config.algorithm, Params(segment=segment, depth=config.depth)
     return config.algorithm, Params(colors=colors, segment=segment, fanout=config.fanout,
                                     hierarchical=hierarchical, depth=config.depth)
+
+
+# ---------------------------------------------------------------- Horovod plugin
+# Read when asked (not cached), so tests and launchers can change them late. The startup
+# hook calls horovod_requested_by_startup_hook() in every interpreter where a variable is
+# set, which is why this module imports nothing beyond the standard library.
+
+HOROVOD_SWITCH = "MCALLREDUCE_HOROVOD"
+BUCKET_VARIABLE = "MCALLREDUCE_BUCKET_BYTES"
+PROGRESS_VARIABLE = "MCALLREDUCE_PROGRESS_THREAD"
+DEFAULT_BUCKET_BYTES = 25 << 20   # as DDP's default bucket: a few buckets for a ResNet-50
+
+
+def _env(environ: Optional[Mapping[str, str]], name: str) -> str:
+    return (os.environ if environ is None else environ).get(name, "").strip()
+
+
+def horovod_switch(environ: Optional[Mapping[str, str]] = None) -> Optional[bool]:
+    """MCALLREDUCE_HOROVOD as True, False or None (unset/auto)."""
+    value = _env(environ, HOROVOD_SWITCH).lower()
+    if value in ("", "auto"):
+        return None
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{HOROVOD_SWITCH}={value!r}: allowed values are 1, 0, auto")
+
+
+def horovod_requested_by_startup_hook(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether the startup hook patches horovod.torch (no code change in the user's script):
+    MCALLREDUCE_HOROVOD decides when set, else a non-empty MCALLREDUCE_ALGORITHM asks for it."""
+    forced = horovod_switch(environ)
+    if forced is not None:
+        return forced
+    return bool(_env(environ, "MCALLREDUCE_ALGORITHM"))
+
+
+def horovod_requested_by_import(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether ``import mcallreduce.horovod.torch`` patches horovod.torch (unless MCALLREDUCE_HOROVOD=0)."""
+    return horovod_switch(environ) is not False
+
+
+def bucket_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
+    """MCALLREDUCE_BUCKET_BYTES: gradient bucket capacity of DistributedOptimizer."""
+    value = _env(environ, BUCKET_VARIABLE)
+    if not value:
+        return DEFAULT_BUCKET_BYTES
+    size = parse_size(value, BUCKET_VARIABLE)
+    if size <= 0:
+        raise ConfigError(f"{BUCKET_VARIABLE}={value!r}: expected a size > 0 such as 4M or 262144")
+    return size
+
+
+def progress_thread(ranks_on_host: int, environ: Optional[Mapping[str, str]] = None) -> bool:
+    """MCALLREDUCE_PROGRESS_THREAD: auto starts the thread only when the host has a core to
+    spare for it (more cores than ranks), since MPI's progress loop polls a core."""
+    value = _env(environ, PROGRESS_VARIABLE).lower()
+    if value in ("", "auto"):
+        return (os.cpu_count() or 1) > ranks_on_host
+    if value in ("1", "0"):
+        return value == "1"
+    raise ConfigError(f"{PROGRESS_VARIABLE}={value!r}: allowed values are auto, 1, 0")
+
+
+# ---------------------------------------------------------------- data loading
+# The data package (mcallreduce/data) reads these through the ``data`` namespace below, each
+# when called (not at import), so a test or a launcher can set them late. Hosts are grouped
+# by the engine's MCALLREDUCE_RANKS_PER_HOST, one variable for both.
+
+DATA_PREFIX = "MCALLREDUCE_DATA_"
+
+#: name -> (default, meaning); docs/data.md mirrors this table
+DATA_VARIABLES = {
+    "PROGRESS": ("auto", "progress bars on stderr: 1 always, 0 never, auto when stderr is a TTY"),
+    "MEMORY_LIMIT": ("", "cap in bytes (suffixes K, M, G, T) on the memory the store may take on a host"),
+    "MEMORY_FRACTION": ("0.9", "share of the host's available memory the store may take"),
+    "VERIFY": ("1", "check each sample's CRC32 while loading a packed store (0 skips it)"),
+    "PARTITION": ("split", "split: each host holds its share; full: every host holds everything; auto: full when it fits"),
+    "MPI": ("auto", "use MPI: 1 yes, 0 no, auto when launched by mpirun or when mpi4py.MPI is already imported"),
+    "EXCHANGE_ROUND_BYTES": ("1G", "the most bytes one rank sends or receives in one Alltoallv round"),
+    "THREADS": ("4", "default decode threads of the threaded loader"),
+    "DECODER": ("auto", "JPEG decoder: simplejpeg, pil, or auto (simplejpeg when it imports)"),
+}
+
+
+class data:
+    """The ``MCALLREDUCE_DATA_*`` settings (a namespace: ``config.data.threads()``)."""
+
+    @staticmethod
+    def raw(name: str) -> str:
+        if name not in DATA_VARIABLES:
+            raise KeyError(f"unknown setting {DATA_PREFIX}{name}")
+        return _env(None, DATA_PREFIX + name) or DATA_VARIABLES[name][0]
+
+    @staticmethod
+    def flag(name: str) -> Optional[bool]:
+        """True/False for 1/0 (yes/no, true/false); None for 'auto'."""
+        value = data.raw(name).lower()
+        if value == "auto":
+            return None
+        if value in ("1", "yes", "true", "on"):
+            return True
+        if value in ("0", "no", "false", "off"):
+            return False
+        raise ConfigError(f"{DATA_PREFIX}{name}={value!r}: expected 1, 0 or auto")
+
+    @staticmethod
+    def memory_limit() -> Optional[int]:
+        value = data.raw("MEMORY_LIMIT")
+        return parse_size(value, DATA_PREFIX + "MEMORY_LIMIT") if value else None
+
+    @staticmethod
+    def memory_fraction() -> float:
+        text = data.raw("MEMORY_FRACTION")
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 < value <= 1:
+            raise ConfigError(f"{DATA_PREFIX}MEMORY_FRACTION={text!r}: expected a number in (0, 1]")
+        return value
+
+    @staticmethod
+    def verify() -> bool:
+        return bool(data.flag("VERIFY"))
+
+    @staticmethod
+    def partition() -> str:
+        value = data.raw("PARTITION").lower()
+        if value not in ("split", "full", "auto"):
+            raise ConfigError(f"{DATA_PREFIX}PARTITION={value!r}: expected split, full or auto")
+        return value
+
+    @staticmethod
+    def ranks_per_host() -> Optional[int]:
+        """MCALLREDUCE_RANKS_PER_HOST (shared with the engine), read now."""
+        value = _env(None, "MCALLREDUCE_RANKS_PER_HOST")
+        if not value or value.lower() == "auto":
+            return None
+        if not value.isdigit() or int(value) < 1:
+            raise ConfigError(f"MCALLREDUCE_RANKS_PER_HOST={value!r}: allowed values are 'auto' or an integer >= 1")
+        return int(value)
+
+    @staticmethod
+    def use_mpi() -> Optional[bool]:
+        return data.flag("MPI")
+
+    @staticmethod
+    def exchange_round_bytes() -> int:
+        return parse_size(data.raw("EXCHANGE_ROUND_BYTES"), DATA_PREFIX + "EXCHANGE_ROUND_BYTES")
+
+    @staticmethod
+    def threads() -> int:
+        text = data.raw("THREADS")
+        if not text.isdigit() or int(text) < 1:
+            raise ConfigError(f"{DATA_PREFIX}THREADS={text!r}: expected an integer >= 1")
+        return int(text)
+
+    @staticmethod
+    def decoder() -> str:
+        value = data.raw("DECODER").lower()
+        if value not in ("auto", "simplejpeg", "pil"):
+            raise ConfigError(f"{DATA_PREFIX}DECODER={value!r}: expected auto, simplejpeg or pil")
+        return value

@@ -92,3 +92,48 @@ def test_tuning_file_replaces_auto_choices(tmp_path):
     assert p.colors == 2 and p.segment == (256 << 10) // 4
     with pytest.raises(ConfigError, match="MCALLREDUCE_TUNING_FILE"):
         Config.from_env({"MCALLREDUCE_TUNING_FILE": str(tmp_path / "missing.json")})
+
+
+def test_config_is_the_one_place_and_imports_only_the_standard_library():
+    import subprocess
+    import sys
+    code = ("import sys, mcallreduce.config as c; "
+            "print(sorted(m for m in sys.modules if m.startswith(('numpy', 'mpi4py', 'torch', 'mcallreduce.'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['mcallreduce.config', 'mcallreduce.errors']", out
+    from mcallreduce.algorithms import SCHEDULED
+    from mcallreduce.config import ALGORITHMS
+    assert ALGORITHMS == SCHEDULED + ("mpi",)
+
+
+def test_horovod_and_data_variables():
+    from mcallreduce import config as c
+    assert c.horovod_requested_by_startup_hook({}) is False
+    assert c.horovod_requested_by_startup_hook({"MCALLREDUCE_ALGORITHM": "ring"}) is True
+    assert c.horovod_requested_by_startup_hook({"MCALLREDUCE_ALGORITHM": "ring", "MCALLREDUCE_HOROVOD": "0"}) is False
+    assert c.horovod_requested_by_import({}) is True
+    assert c.bucket_bytes({}) == 25 << 20 and c.bucket_bytes({"MCALLREDUCE_BUCKET_BYTES": "4M"}) == 4 << 20
+    assert c.progress_thread(1, {"MCALLREDUCE_PROGRESS_THREAD": "1"}) is True
+    for fn, env in [(c.horovod_switch, {"MCALLREDUCE_HOROVOD": "maybe"}),
+                    (c.bucket_bytes, {"MCALLREDUCE_BUCKET_BYTES": "0"}),
+                    (c.bucket_bytes, {"MCALLREDUCE_BUCKET_BYTES": "lots"})]:
+        with pytest.raises(ConfigError, match=next(iter(env))):
+            fn(env)
+    with pytest.raises(ConfigError, match="MCALLREDUCE_PROGRESS_THREAD"):
+        c.progress_thread(1, {"MCALLREDUCE_PROGRESS_THREAD": "2"})
+    assert c.parse_size("1.5G") == 3 << 29 and c.parse_size("2T") == 2 << 40
+
+
+def test_data_variables(monkeypatch):
+    from mcallreduce.config import data
+    assert data.threads() == 4 and data.partition() == "split" and data.ranks_per_host() is None
+    monkeypatch.setenv("MCALLREDUCE_DATA_MEMORY_LIMIT", "1.5G")
+    monkeypatch.setenv("MCALLREDUCE_RANKS_PER_HOST", "2")
+    assert data.memory_limit() == 3 << 29 and data.ranks_per_host() == 2
+    for name, value in [("MCALLREDUCE_DATA_THREADS", "many"), ("MCALLREDUCE_DATA_PARTITION", "half"),
+                        ("MCALLREDUCE_DATA_MEMORY_FRACTION", "2"), ("MCALLREDUCE_DATA_DECODER", "gpu")]:
+        monkeypatch.setenv(name, value)
+        getter = {"THREADS": data.threads, "PARTITION": data.partition,
+                  "MEMORY_FRACTION": data.memory_fraction, "DECODER": data.decoder}[name.split("DATA_")[1]]
+        with pytest.raises(ConfigError, match=name):
+            getter()

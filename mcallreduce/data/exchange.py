@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import config
+from ..config import data as config
 from .store import ImageStore, MemoryBudgetError, check_memory_budget
 
 

@@ -5,7 +5,7 @@ import sys
 import time
 from typing import Optional
 
-from . import config
+from ..config import data as config
 
 
 def wanted(show: Optional[bool] = None) -> bool:

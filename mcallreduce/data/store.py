@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from . import config
+from ..config import data as config
 from . import world as world_mod
 from .format import StoreFile, read_ranges, scan_image_folder
 from .partition import owner_of_samples

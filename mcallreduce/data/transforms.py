@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from . import config
+from ..config import data as config
 
 try:
     import simplejpeg

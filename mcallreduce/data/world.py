@@ -3,7 +3,7 @@
 The data package works with or without MPI. Under mpirun it asks MPI which
 ranks share a node (``COMM_WORLD.Split_type(COMM_TYPE_SHARED)``); without MPI
 the caller states ``num_replicas``/``rank`` (and optionally ``ranks_per_host``),
-as with torch's DistributedSampler. MCALLREDUCE_DATA_RANKS_PER_HOST makes
+as with torch's DistributedSampler. MCALLREDUCE_RANKS_PER_HOST makes
 consecutive ranks emulate hosts, to exercise multi-host code on one machine.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import config
+from ..config import data as config
 
 _LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 

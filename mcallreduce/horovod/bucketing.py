@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from .. import config
 from . import state
 from .routing import ROUTER, supported
 
@@ -93,7 +94,7 @@ class _BucketedMethods:
             size = -(-len(params) // groups)
             groups = [params[i:i + size] for i in range(0, len(params), size)]
         compressed = self._compression is _stock.Compression.fp16
-        self._buckets = plan_buckets(params, self._parameter_names, state.bucket_bytes(), compressed,
+        self._buckets = plan_buckets(params, self._parameter_names, config.bucket_bytes(), compressed,
                                      groups if isinstance(groups, list) else None)
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._next_bucket = 0

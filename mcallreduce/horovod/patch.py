@@ -13,6 +13,7 @@ import os
 import sys
 import warnings
 
+from .. import config
 from . import state
 from .bucketing import make_distributed_optimizer
 from .routing import ROUTER, MpiLibProxy
@@ -81,9 +82,9 @@ def _activate(hvd, comm_arg) -> None:
     from mcallreduce import config, runtime
 
     settings = config.current()              # a bad MCALLREDUCE_* value raises here, clearly
-    state.bucket_bytes()
+    config.bucket_bytes()
     ctx = runtime.Context.get(comm)          # collective: every rank is inside hvd.init()
-    if state.progress_thread(max(len(host) for host in ctx.hosts)):
+    if config.progress_thread(max(len(host) for host in ctx.hosts)):
         runtime.start_progress_thread(comm)
     atexit.register(_stop_progress)   # runs before Horovod's atexit shutdown (registered earlier)
     ROUTER.comm = comm

@@ -19,7 +19,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from . import state
+from .. import config
 
 PTH_NAME = "mcallreduce-horovod.pth"
 TARGET = "horovod.torch"
@@ -55,7 +55,7 @@ def _patch(module) -> None:
 def install() -> None:
     """Arrange for horovod.torch to be patched on import, if the environment asks for it."""
     try:
-        wanted = state.requested_by_startup_hook()
+        wanted = config.horovod_requested_by_startup_hook()
     except ValueError as exc:   # a bad MCALLREDUCE_HOROVOD value: say so, keep stock Horovod
         print(f"mcallreduce: {exc}; Horovod stays stock", file=sys.stderr)
         return

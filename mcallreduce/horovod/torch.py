@@ -6,11 +6,11 @@ Still governed by the environment: ``MCALLREDUCE_HOROVOD=0`` gives stock Horovod
 """
 import sys as _sys
 
-from . import state as _state
+from .. import config as _config
 
 import horovod.torch as _hvd   # noqa: E402  (the startup hook may already have patched it)
 
-if _state.requested_by_import() and getattr(_hvd, "_MPI_LIB_AVAILABLE", False):
+if _config.horovod_requested_by_import() and getattr(_hvd, "_MPI_LIB_AVAILABLE", False):
     from .patch import patch_horovod_torch as _patch
     _patch(_hvd)
 

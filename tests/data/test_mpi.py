@@ -74,7 +74,7 @@ def test_damaged_blob_fails_on_every_rank(packed, copy_of):
 
 
 def test_two_emulated_hosts_exchange_samples_for_global_and_partial_shuffles(packed):
-    _, rows = mpi(4, "exchange", packed[0], env={"MCALLREDUCE_DATA_RANKS_PER_HOST": "2"})
+    _, rows = mpi(4, "exchange", packed[0], env={"MCALLREDUCE_RANKS_PER_HOST": "2"})
     assert len(rows) == 4 and rows[0]["hosts"] == 2
     n = rows[0]["total"]
     assert sum(r["held"] for r in rows[::2]) == n                 # the two hosts split the set
