@@ -192,9 +192,10 @@ STAR_MAX_HOSTS = 8         # up to this many hosts, one color per host (direct r
 # The latency regime of the multicolor family: log2(p) exchanges of the whole message
 # (algorithms/doubling.py) instead of a reduce up a tree and a broadcast down it
 # (2 log2(p) message latencies). Two ranks exchange n bytes each way either way, so
-# for a pair doubling only saves a round trip and costs twice the reduction work.
+# for a pair doubling saves a round trip and costs twice the reduction work: measured
+# faster up to 256 KiB, slower from 1 MiB (docs/algorithms.md).
 DOUBLING_BYTES = SMALL_BYTES
-DOUBLING_PAIR_BYTES = 1 << 20
+DOUBLING_PAIR_BYTES = 256 << 10
 
 
 def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:

@@ -44,11 +44,12 @@ def test_invalid_values_name_the_variable_and_allowed_values(name, value, hint):
 def test_size_table():
     one_host_two = [[0, 1]]
     flat4 = [[0], [1], [2], [3]]
-    # latency regime: recursive doubling for small messages, and for a pair up to 1 MiB
+    # latency regime: recursive doubling for small messages, and for a pair up to 256 KiB
     for hosts in (one_host_two, flat4, [[0, 1], [2, 3], [4]]):
         algo, p = resolve(Config(), 4 << 10, 4, hosts)
         assert (algo, p.segment) == ("doubling", 0)
-    assert resolve(Config(), 1 << 20, 4, one_host_two)[0] == "doubling"
+    assert resolve(Config(), 256 << 10, 4, one_host_two)[0] == "doubling"
+    assert resolve(Config(), 1 << 20, 4, one_host_two)[0] == "multicolor"
     assert resolve(Config(), 1 << 20, 4, flat4)[0] == "multicolor"
     algo, p = resolve(Config(colors=1), 4 << 10, 4, one_host_two)      # a multicolor knob set: multicolor
     assert (algo, p.colors, p.segment, p.hierarchical) == ("multicolor", 1, 0, True)
