@@ -279,16 +279,21 @@ def _env(environ: Optional[Mapping[str, str]], name: str) -> str:
     return (os.environ if environ is None else environ).get(name, "").strip()
 
 
-def horovod_switch(environ: Optional[Mapping[str, str]] = None) -> Optional[bool]:
-    """MCALLREDUCE_HOROVOD as True, False or None (unset/auto)."""
-    value = _env(environ, HOROVOD_SWITCH).lower()
+def _tristate(variable: str, value: str) -> Optional[bool]:
+    """1/0 (yes/no, true/false, on/off) as True/False; unset or 'auto' as None."""
+    value = value.strip().lower()
     if value in ("", "auto"):
         return None
     if value in ("1", "true", "yes", "on"):
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"{HOROVOD_SWITCH}={value!r}: allowed values are 1, 0, auto")
+    raise ConfigError(f"{variable}={value!r}: allowed values are 1, 0, auto")
+
+
+def horovod_switch(environ: Optional[Mapping[str, str]] = None) -> Optional[bool]:
+    """MCALLREDUCE_HOROVOD as True, False or None (unset/auto)."""
+    return _tristate(HOROVOD_SWITCH, _env(environ, HOROVOD_SWITCH))
 
 
 def horovod_requested_by_startup_hook(environ: Optional[Mapping[str, str]] = None) -> bool:
@@ -360,14 +365,7 @@ class data:
     @staticmethod
     def flag(name: str) -> Optional[bool]:
         """True/False for 1/0 (yes/no, true/false); None for 'auto'."""
-        value = data.raw(name).lower()
-        if value == "auto":
-            return None
-        if value in ("1", "yes", "true", "on"):
-            return True
-        if value in ("0", "no", "false", "off"):
-            return False
-        raise ConfigError(f"{DATA_PREFIX}{name}={value!r}: expected 1, 0 or auto")
+        return _tristate(DATA_PREFIX + name, data.raw(name))
 
     @staticmethod
     def memory_limit() -> Optional[int]:
