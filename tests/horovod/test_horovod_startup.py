@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hvd_helpers import explain, install_startup_hook, mpi_job, needs_horovod
+from hvd_helpers import REPO, explain, install_startup_hook, mpi_job, needs_horovod
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -54,3 +54,30 @@ def test_unset_costs_no_import():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     modules = out.stdout.split()
     assert "mcallreduce.horovod.startup" in modules and not [m for m in modules if not m.startswith("mcallreduce")]
+
+
+@needs_horovod
+@pytest.mark.parametrize("env, active", [({"MCALLREDUCE_ALGORITHM": "multicolor"}, True), ({}, False)])
+def test_horovodrun_launch(env, active):
+    # The issue's own command: `MCALLREDUCE_ALGORITHM=multicolor horovodrun -np 2 python train.py`.
+    # horovodrun starts mpirun itself (adding --allow-run-as-root and --tag-output) and
+    # forwards the environment, so the startup hook must see the variable in every rank.
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    if not os.path.exists(horovodrun):
+        pytest.skip("horovodrun is not installed next to this Python")
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MCALLREDUCE_")}
+    full_env.update({"PYTHONPATH": str(REPO), "OMPI_MCA_btl_vader_single_copy_mechanism": "cma",
+                     "OMPI_MCA_mpi_yield_when_idle": "1", "PYTHONWARNINGS": "ignore::DeprecationWarning"})
+    full_env.update(env)
+    script = os.path.join(os.path.dirname(__file__), "mpi", "unmodified.py")
+    result = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", sys.executable, script],
+                            env=full_env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, explain(result)
+    output = result.stdout + result.stderr
+    # --tag-output prefixes every line with "[1,<rank>]<stdout>:"; keep rank 0's lines
+    seen = dict(re.findall(r"^\[\d+,0\]<stdout>:(SUM|WEIGHTS_EQUAL|PATCHED|ROUTED) (.*)$", output, re.M))
+    assert seen.get("SUM") == "3" and seen.get("WEIGHTS_EQUAL") == "True", output[-3000:]
+    assert seen["PATCHED"] == str(active)
+    activation = re.findall(r"mcallreduce \S+: multicolor allreduce active \(ranks=2, hosts=1, colors=auto\)", output)
+    assert len(activation) == (1 if active else 0), output[-3000:]
+    assert (seen["ROUTED"] != "0 BUCKETS 0") == active, seen
