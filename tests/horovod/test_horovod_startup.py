@@ -74,8 +74,10 @@ def test_horovodrun_launch(env, active):
                             env=full_env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, explain(result)
     output = result.stdout + result.stderr
-    # --tag-output prefixes every line with "[1,<rank>]<stdout>:"; keep rank 0's lines
-    seen = dict(re.findall(r"^\[\d+,0\]<stdout>:(SUM|WEIGHTS_EQUAL|PATCHED|ROUTED) (.*)$", output, re.M))
+    # --tag-output prefixes rank 0's output with "[1,0]<stdout>:" (a tag may also trail a line
+    # when the newline arrives in a separate write), so read each value up to the next tag
+    seen = {k: v.strip() for k, v in
+            re.findall(r"\[\d+,0\]<stdout>:(SUM|WEIGHTS_EQUAL|PATCHED|ROUTED) ([^\[\n]*)", output)}
     assert seen.get("SUM") == "3" and seen.get("WEIGHTS_EQUAL") == "True", output[-3000:]
     assert seen["PATCHED"] == str(active)
     activation = re.findall(r"mcallreduce \S+: multicolor allreduce active \(ranks=2, hosts=1, colors=auto\)", output)
