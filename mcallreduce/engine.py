@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tu
 import numpy as np
 from mpi4py import MPI
 
-from .algorithms import Params, build_schedule
-from .schedule import Op, RankProgram, Schedule
+from .schedule import Op
 
 if TYPE_CHECKING:
     from .runtime import Context, Handle
@@ -43,28 +42,17 @@ OPS: Dict[str, Tuple[Callable, Any]] = {
     "min": (np.minimum, MPI.MIN), "max": (np.maximum, MPI.MAX), "product": (np.multiply, MPI.PROD),
 }
 TAG_SPAN = 1 << 20   # tags per allreduce: seq window w uses tags [w * TAG_SPAN, (w + 1) * TAG_SPAN)
-_MPI = -2  # owner marker of "mpi" collectives
-
-
-def _check_schedule(hosts, nelem: int) -> Schedule:
-    """The metadata check's schedule: recursive doubling over the rank list (cached)."""
-    return build_schedule("doubling", hosts, nelem, Params())
+_CHECK, _MPI = -1, -2  # owner markers for the metadata check and "mpi" collectives
 
 
 class _RunState:
-    """Dependency counters of one schedule execution on this rank.
+    """Dependency counters of one schedule execution on this rank."""
 
-    Runs either a handle's allreduce (``arr`` is the user's buffer, on ``ctx.comm``) or its
-    metadata check (``check``: the metadata vector, MAX-reduced by recursive doubling on
-    ``ctx.ctl``), which is cheaper than a nonblocking MPI collective (Open MPI's libnbc
-    builds a schedule per call) and progresses in the same Waitsome as everything else.
-    """
-
-    def __init__(self, h: "Handle", prog: RankProgram, arr: np.ndarray, ufunc: Callable, comm: MPI.Comm,
-                 tag0: int, scratch: np.ndarray, check: bool = False):
-        self.handle, self.tag0, self.steps, self.check = h, tag0, prog.steps, check
-        self.arr, self.ufunc, self.comm = arr, ufunc, comm
-        self.mem = arr.view(np.uint8)
+    def __init__(self, h: "Handle", tag0: int, scratch: np.ndarray):
+        prog = h.schedule.programs[h.ctx.rank]
+        self.handle, self.tag0, self.steps = h, tag0, prog.steps
+        self.ufunc = OPS[h.op][0]
+        self.mem = h.arr.view(np.uint8)
         self.scratch = scratch
         self.scr_mem = scratch.view(np.uint8)
         self.waiting = [len(s.deps) for s in self.steps]
@@ -85,12 +73,11 @@ class Engine:
         self.ctx = ctx
         self.lock = threading.RLock()
         self.reqs: List[MPI.Request] = []
-        self.owners: List[Tuple["Handle", int]] = []   # (handle, step index | _MPI)
+        self.owners: List[Tuple["Handle", int]] = []   # (handle, step index | _CHECK | _MPI)
         self.active: Dict[int, "Handle"] = {}          # seq window -> handle
         self._state: Dict[int, _RunState] = {}
         self._pool: Dict[Tuple[str, int], List[np.ndarray]] = {}
         self._queue: Deque["Handle"] = collections.deque()
-        self._coll_order: Deque["Handle"] = collections.deque()   # "mpi" calls not yet started
         self._thread: Optional[threading.Thread] = None
         self._thread_lock = threading.Lock()
         self._stop = False
@@ -113,17 +100,10 @@ class Engine:
             h._finish()
             return
         self.active[window] = h
-        if h.algorithm == "mpi":
-            self._coll_order.append(h)
         if h._meta is None:
-            self._checked(h)
+            self._start(h)
         else:
-            h._meta_out[...] = h._meta
-            prog = _check_schedule(self.ctx.hosts, h._meta.size).programs[self.ctx.rank]
-            state = _RunState(h, prog, h._meta_out, np.maximum, self.ctx.ctl, window * TAG_SPAN,
-                              self._scratch(prog.scratch_elems, h._meta.dtype), check=True)
-            self._state[h.seq] = state
-            self._post_ready(state)
+            self._post(self.ctx.ctl.Iallreduce(h._meta, h._meta_out, op=MPI.MAX), h, _CHECK)
 
     def _post(self, req: MPI.Request, h: "Handle", step: int) -> None:
         self.reqs.append(req)
@@ -140,8 +120,7 @@ class Engine:
             req = self.ctx.coll.Iallreduce(MPI.IN_PLACE, [h.arr, mpi_type], op=OPS[h.op][1])
             return self._post(req, h, _MPI)
         prog = h.schedule.programs[self.ctx.rank]
-        state = _RunState(h, prog, h.arr, OPS[h.op][0], self.ctx.comm, (h.seq % self.ctx.windows) * TAG_SPAN,
-                          self._scratch(prog.scratch_elems, h.arr.dtype))
+        state = _RunState(h, (h.seq % self.ctx.windows) * TAG_SPAN, self._scratch(prog.scratch_elems, h.arr.dtype))
         self._state[h.seq] = state
         self._post_ready(state)
 
@@ -156,13 +135,13 @@ class Engine:
             free.append(arr)
 
     def _post_ready(self, st: _RunState) -> None:
-        comm, h = st.comm, st.handle
-        steps, mem, scr, isz = st.steps, st.mem, st.scr_mem, st.arr.itemsize
+        comm, h = self.ctx.comm, st.handle
+        steps, mem, scr, isz = st.steps, st.mem, st.scr_mem, h.arr.itemsize
         while st.ready:
             i = st.ready.pop()
             s = steps[i]
             if s.op == Op.REDUCE:
-                view = st.arr[s.offset:s.offset + s.count]
+                view = h.arr[s.offset:s.offset + s.count]
                 incoming = st.scratch[s.scratch:s.scratch + s.count]
                 if s.incoming_left:
                     st.ufunc(incoming, view, out=view)
@@ -183,27 +162,7 @@ class Engine:
         if st.remaining == 0:
             del self._state[h.seq]
             self._release(st.scratch)
-            if st.check:
-                self._checked(h)
-            else:
-                self._retire(h)
-
-    def _checked(self, h: "Handle") -> None:
-        """The metadata check finished (or there is none): raise everywhere, or start the allreduce."""
-        if h._meta is not None:
-            h._check_meta()
-        if h.algorithm != "mpi":
-            return self._retire(h) if h.error is not None else self._start(h)
-        # MPI collectives must start in the same order on every rank, but checks complete in
-        # any order: start "mpi" calls strictly in call order (a failed check fails on every
-        # rank alike, so every rank skips the same calls).
-        h._coll_state = "failed" if h.error is not None else "ready"
-        while self._coll_order and getattr(self._coll_order[0], "_coll_state", None):
-            head = self._coll_order.popleft()
-            if head._coll_state == "failed":
-                self._retire(head)
-            else:
-                self._start(head)
+            self._retire(h)
 
     def _retire(self, h: "Handle") -> None:
         self.active.pop(h.seq % self.ctx.windows, None)
@@ -242,6 +201,12 @@ class Engine:
         for h, i in finished:
             if i == _MPI:
                 self._retire(h)
+            elif i == _CHECK:
+                h._check_meta()
+                if h.error is not None:
+                    self._retire(h)
+                else:
+                    self._start(h)
             else:
                 st = self._state[h.seq]
                 st.complete(i)

@@ -85,8 +85,8 @@ class Context:
 
     def __init__(self, comm: MPI.Comm, config: Config):
         self.comm = comm.Dup()   # data messages of the schedules
-        self.ctl = comm.Dup()    # metadata checks (recursive doubling, point to point)
-        self.coll = comm.Dup()   # "mpi" collectives, started in call order once checked
+        self.ctl = comm.Dup()    # metadata checks, posted in call order on every rank
+        self.coll = comm.Dup()   # "mpi" collectives, started when their check completes
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.hosts = self._hosts(comm, config.ranks_per_host)

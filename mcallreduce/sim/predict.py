@@ -4,7 +4,7 @@
 with :func:`mcallreduce.config.resolve` (as the runtime does for an environment without
 ``MCALLREDUCE_*`` overrides) unless ``params`` is given, build the runtime's schedule
 and play it; with ``check`` (the runtime's default) the metadata check, a 176-byte
-recursive doubling run by the engine before the schedule starts, is added. "mpi" is Open MPI 4.1's default
+MPI_Iallreduce before the schedule starts, is added. "mpi" is Open MPI 4.1's default
 decision (see :mod:`.mpi_models`), "mpi-ring" its ring (algorithm 4); "horovod" is
 stock Horovod's CPU path, which is MPI_Allreduce on the fused buffer: "mpi".
 """
@@ -56,7 +56,7 @@ def predict(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,
     """Seconds for one allreduce of ``nbytes`` on ``model``."""
     t = _time(algorithm, model, int(nbytes), itemsize, params)
     if check and algorithm in SCHEDULED and model.nranks > 1:
-        t += _time("doubling", model, CHECK_BYTES, 8, Params())   # the engine's point-to-point check
+        t += _time("mpi", model, CHECK_BYTES, 8, None)
     return t
 
 
