@@ -19,7 +19,7 @@ def run_cases(np_, env=None, cases=()):
 @pytest.mark.parametrize("np_", [2, 3, 4])
 def test_all_cases(np_):
     passed = run_cases(np_)
-    assert len(passed) == 13, passed
+    assert len(passed) == 14, passed
 
 
 def test_hierarchical_two_virtual_hosts_of_two_ranks():

@@ -214,6 +214,18 @@ def mpi_algorithm_async_with_rank_dependent_polling():
 
 
 @case
+def algorithm_mismatch_mpi_vs_schedule_raises_everywhere():
+    # the check itself must not depend on the algorithm, or one rank would wait in a
+    # collective while another runs the point-to-point check
+    alg = "mpi" if rank == 0 else "multicolor"
+    msg = raises(MismatchError, lambda: mcallreduce.allreduce(np.ones(10, np.float32), algorithm=alg))
+    assert "algorithm" in msg, msg
+    x = np.ones(10, np.float32)          # the failed "mpi" call is skipped in the start order
+    mcallreduce.allreduce(x, algorithm="mpi")
+    assert np.all(x == size)
+
+
+@case
 def split_communicator():
     sub = comm.Split(color=rank % 2, key=rank)
     x = np.full(1000, rank + 1, np.int64)
