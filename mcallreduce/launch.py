@@ -5,6 +5,8 @@ Open MPI needs a few flags that depend on the machine rather than on the job:
 and then ``--mca mpi_yield_when_idle 1``: without it, ranks that spin in MPI's
 progress loop starve each other and a benchmark measures the scheduler instead
 of the network (a 4 KiB allreduce on 8 oversubscribed ranks: 16 ms vs 0.5 ms).
+:func:`run` also gives each job its own shared-memory backing directory and removes it
+afterwards, so a job killed at its timeout leaves nothing in /dev/shm.
 
     python -m mcallreduce.launch -np 4 -- python -m mcallreduce.bench --sizes 1M
 """
@@ -14,6 +16,7 @@ import argparse
 import os
 import shutil
 import subprocess
+import tempfile
 import sys
 from typing import Mapping, Optional, Sequence
 
@@ -82,19 +85,27 @@ def run(
     outlives ``timeout`` is killed (with its ranks) and reported as a failure
     with returncode -9, so a hung collective fails a test instead of stalling it.
     """
-    cmd = mpirun_command(np, argv, env=env, **kwargs)
+    # Open MPI's shared-memory transport keeps its files in /dev/shm and removes them at a
+    # clean exit only; a job killed here (SIGKILL) would leave them. Each job gets its own
+    # backing directory, removed whatever happened.
+    shm = tempfile.mkdtemp(prefix="mcallreduce-mpi-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    mca = {"btl_vader_backing_directory": shm, **(kwargs.pop("mca", None) or {})}
+    cmd = mpirun_command(np, argv, env=env, mca=mca, **kwargs)
     full_env = dict(os.environ)
     full_env.update(env or {})
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=full_env, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=timeout)
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        out, err = proc.communicate()
-        code = -9
-        err += f"\n[mcallreduce.launch] killed after {timeout:.0f}s timeout\n"
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=full_env, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            out, err = proc.communicate()
+            code = -9
+            err += f"\n[mcallreduce.launch] killed after {timeout:.0f}s timeout\n"
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
     result = subprocess.CompletedProcess(cmd, code, out, err)
     if check and code != 0:
         raise RuntimeError(f"MPI job failed ({code}): {' '.join(cmd)}\n--- stdout\n{out}\n--- stderr\n{err}")

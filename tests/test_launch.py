@@ -21,3 +21,16 @@ def test_run_reports_exit_code_and_output():
 def test_hung_job_is_killed_at_timeout():
     r = run(2, ["sleep", "30"], timeout=3)
     assert r.returncode == -9 and "timeout" in r.stderr
+
+
+def test_killed_job_leaves_no_shared_memory_behind():
+    # A job killed at its timeout (SIGKILL: Open MPI cannot clean up) must not leave its
+    # shared-memory transport files in /dev/shm: run() gives every job its own backing
+    # directory and removes it afterwards.
+    import glob
+    import sys
+    before = set(glob.glob("/dev/shm/*"))
+    hang = "from mpi4py import MPI; import time; MPI.COMM_WORLD.Barrier(); print('up', flush=True); time.sleep(60)"
+    r = run(2, [sys.executable, "-c", hang], timeout=15)
+    assert r.returncode == -9 and r.stdout.count("up") == 2, r.stdout + r.stderr
+    assert set(glob.glob("/dev/shm/*")) - before == set()
