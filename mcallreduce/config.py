@@ -72,6 +72,40 @@ def parse_size(text: str, what: str = "size") -> int:
     return int(float(m.group(1)) * scale) if "." in m.group(1) else int(m.group(1)) * scale
 
 
+def _integer(variable: str, value: Optional[str], low: int, auto: bool = True) -> Optional[int]:
+    """An integer >= ``low``; None when unset (or 'auto', where ``auto`` allows it)."""
+    if not value or (auto and value.lower() == "auto"):
+        return None
+    allowed = f"'auto' or an integer >= {low}" if auto else f"an integer >= {low}"
+    try:
+        number = int(value)
+    except ValueError:
+        number = low - 1
+    if number < low:
+        raise ConfigError(f"{variable}={value!r}: allowed values are {allowed}")
+    return number
+
+
+def _switch(variable: str, value: Optional[str], auto: bool = True) -> Optional[bool]:
+    """1/0 (yes/no, true/false, on/off) as True/False; None when unset (or 'auto', where allowed)."""
+    if not value or (auto and value.lower() == "auto"):
+        return None
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    allowed = "'auto', 1, 0" if auto else "1, 0"
+    raise ConfigError(f"{variable}={value!r}: allowed values are {allowed}")
+
+
+def _choice(variable: str, value: str, allowed: Sequence[str]) -> str:
+    """``value`` (lower-cased) if it is one of ``allowed``."""
+    value = value.lower()
+    if value not in allowed:
+        raise ConfigError(f"{variable}={value!r}: allowed values are {', '.join(allowed)}")
+    return value
+
+
 @dataclass(frozen=True)
 class Config:
     """User choices; None means "auto" (decided per message by :func:`resolve`)."""
@@ -96,32 +130,12 @@ class Config:
             return None if value is None or value.strip() == "" else value.strip()
 
         def integer(name: str, low: int, auto: bool = True) -> Optional[int]:
-            value = get(name)
-            if value is None or (auto and value.lower() == "auto"):
-                return None
-            allowed = f"'auto' or an integer >= {low}" if auto else f"an integer >= {low}"
-            try:
-                number = int(value)
-            except ValueError:
-                number = low - 1
-            if number < low:
-                raise ConfigError(f"MCALLREDUCE_{name}={value!r}: allowed values are {allowed}")
-            return number
+            return _integer("MCALLREDUCE_" + name, get(name), low, auto)
 
         def boolean(name: str, auto: bool) -> Optional[bool]:
-            value = get(name)
-            if value is None or (auto and value.lower() == "auto"):
-                return None
-            if value.lower() in ("1", "true", "yes", "on"):
-                return True
-            if value.lower() in ("0", "false", "no", "off"):
-                return False
-            allowed = "'auto', 1, 0" if auto else "1, 0"
-            raise ConfigError(f"MCALLREDUCE_{name}={value!r}: allowed values are {allowed}")
+            return _switch("MCALLREDUCE_" + name, get(name), auto)
 
-        algorithm = (get("ALGORITHM") or "multicolor").lower()
-        if algorithm not in ALGORITHMS:
-            raise ConfigError(f"MCALLREDUCE_ALGORITHM={algorithm!r}: allowed values are {', '.join(ALGORITHMS)}")
+        algorithm = _choice("MCALLREDUCE_ALGORITHM", get("ALGORITHM") or "multicolor", ALGORITHMS)
         segment = get("SEGMENT_BYTES")
         if segment is not None and segment.lower() != "auto":
             segment_bytes: Optional[int] = parse_size(segment, "MCALLREDUCE_SEGMENT_BYTES")
@@ -236,18 +250,18 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     max_local = max(len(h) for h in hosts)
     nranks = sum(len(h) for h in hosts)
     hit = _tuned(config, hosts, nbytes, itemsize)
-    if hit is not None and hit[0] == "doubling" and config.colors is None:
+    # the latency regime (doubling) is the tuning table's or the size table's choice, and
+    # only while no multicolor knob is set
+    knobs_unset = (config.colors, config.segment_bytes, config.fanout, config.hierarchy) == (None,) * 4
+    if config.algorithm == "multicolor" and knobs_unset and (
+            hit[0] == "doubling" if hit is not None else latency_bound(nbytes, nranks)):
         return "doubling", Params(segment=0, depth=config.depth)
     tuned = hit[1] if hit is not None and hit[0] == "multicolor" else None
-    knobs = (config.colors, config.segment_bytes, config.fanout, config.hierarchy)
-    if (config.algorithm == "multicolor" and hit is None and knobs == (None,) * 4
-            and latency_bound(nbytes, nranks)):
-        return "doubling", Params(segment=0, depth=config.depth)
     if config.hierarchy is not None:
         hierarchical = config.hierarchy
     else:
         hierarchical = tuned.hierarchical if tuned else max_local > 1
-    nodes = len(hosts) if hierarchical else sum(len(h) for h in hosts)
+    nodes = len(hosts) if hierarchical else nranks
     colors = config.colors or (tuned.colors if tuned else
                                default_colors(nbytes, nodes, max_local if hierarchical else 1))
     if config.segment_bytes is not None:
@@ -279,21 +293,9 @@ def _env(environ: Optional[Mapping[str, str]], name: str) -> str:
     return (os.environ if environ is None else environ).get(name, "").strip()
 
 
-def _tristate(variable: str, value: str) -> Optional[bool]:
-    """1/0 (yes/no, true/false, on/off) as True/False; unset or 'auto' as None."""
-    value = value.strip().lower()
-    if value in ("", "auto"):
-        return None
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{variable}={value!r}: allowed values are 1, 0, auto")
-
-
 def horovod_switch(environ: Optional[Mapping[str, str]] = None) -> Optional[bool]:
     """MCALLREDUCE_HOROVOD as True, False or None (unset/auto)."""
-    return _tristate(HOROVOD_SWITCH, _env(environ, HOROVOD_SWITCH))
+    return _switch(HOROVOD_SWITCH, _env(environ, HOROVOD_SWITCH))
 
 
 def horovod_requested_by_startup_hook(environ: Optional[Mapping[str, str]] = None) -> bool:
@@ -365,7 +367,7 @@ class data:
     @staticmethod
     def flag(name: str) -> Optional[bool]:
         """True/False for 1/0 (yes/no, true/false); None for 'auto'."""
-        return _tristate(DATA_PREFIX + name, data.raw(name))
+        return _switch(DATA_PREFIX + name, data.raw(name))
 
     @staticmethod
     def memory_limit() -> Optional[int]:
@@ -389,20 +391,12 @@ class data:
 
     @staticmethod
     def partition() -> str:
-        value = data.raw("PARTITION").lower()
-        if value not in ("split", "full", "auto"):
-            raise ConfigError(f"{DATA_PREFIX}PARTITION={value!r}: expected split, full or auto")
-        return value
+        return _choice(DATA_PREFIX + "PARTITION", data.raw("PARTITION"), ("split", "full", "auto"))
 
     @staticmethod
     def ranks_per_host() -> Optional[int]:
         """MCALLREDUCE_RANKS_PER_HOST (shared with the engine), read now."""
-        value = _env(None, "MCALLREDUCE_RANKS_PER_HOST")
-        if not value or value.lower() == "auto":
-            return None
-        if not value.isdigit() or int(value) < 1:
-            raise ConfigError(f"MCALLREDUCE_RANKS_PER_HOST={value!r}: allowed values are 'auto' or an integer >= 1")
-        return int(value)
+        return _integer("MCALLREDUCE_RANKS_PER_HOST", _env(None, "MCALLREDUCE_RANKS_PER_HOST"), 1)
 
     @staticmethod
     def use_mpi() -> Optional[bool]:
@@ -414,14 +408,8 @@ class data:
 
     @staticmethod
     def threads() -> int:
-        text = data.raw("THREADS")
-        if not text.isdigit() or int(text) < 1:
-            raise ConfigError(f"{DATA_PREFIX}THREADS={text!r}: expected an integer >= 1")
-        return int(text)
+        return _integer(DATA_PREFIX + "THREADS", data.raw("THREADS"), 1, auto=False)
 
     @staticmethod
     def decoder() -> str:
-        value = data.raw("DECODER").lower()
-        if value not in ("auto", "simplejpeg", "pil"):
-            raise ConfigError(f"{DATA_PREFIX}DECODER={value!r}: expected auto, simplejpeg or pil")
-        return value
+        return _choice(DATA_PREFIX + "DECODER", data.raw("DECODER"), ("auto", "simplejpeg", "pil"))

@@ -79,7 +79,7 @@ def _activate(hvd, comm_arg) -> None:
             "HOROVOD_MPI_THREADS_DISABLE or use an MPI built with thread support, or unset the "
             "MCALLREDUCE_* variables (or set MCALLREDUCE_HOROVOD=0) to run stock Horovod.")
     import mcallreduce
-    from mcallreduce import config, runtime
+    from mcallreduce import runtime
 
     settings = config.current()              # a bad MCALLREDUCE_* value raises here, clearly
     config.bucket_bytes()
