@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tu
 import numpy as np
 from mpi4py import MPI
 
-from .schedule import Op
+from .schedule import Op, apply_reduce
 
 if TYPE_CHECKING:
     from .runtime import Context, Handle
@@ -142,11 +142,7 @@ class Engine:
             s = steps[i]
             if s.op == Op.REDUCE:
                 view = h.arr[s.offset:s.offset + s.count]
-                incoming = st.scratch[s.scratch:s.scratch + s.count]
-                if s.incoming_left:
-                    st.ufunc(incoming, view, out=view)
-                else:
-                    st.ufunc(view, incoming, out=view)
+                apply_reduce(st.ufunc, view, st.scratch[s.scratch:s.scratch + s.count], s)
                 st.complete(i)
                 continue
             if s.op == Op.SEND:

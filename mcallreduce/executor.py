@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from .schedule import Op, Schedule
+from .schedule import Op, Schedule, apply_reduce
 
 __all__ = ["DeadlockError", "execute"]
 
@@ -61,11 +61,7 @@ def execute(schedule: Schedule, buffers: Sequence[np.ndarray],
                 s = progs[r][i]
                 if s.op == Op.REDUCE:
                     view = buffers[r][s.offset:s.offset + s.count]
-                    incoming = scratch[r][s.scratch:s.scratch + s.count]
-                    if s.incoming_left:
-                        reduce(incoming, view, out=view)
-                    else:
-                        reduce(view, incoming, out=view)
+                    apply_reduce(reduce, view, scratch[r][s.scratch:s.scratch + s.count], s)
                     complete(r, i)
                 elif s.op == Op.SEND:
                     key = (r, s.peer, s.tag)

@@ -26,7 +26,7 @@ from functools import cached_property
 from enum import IntEnum
 from typing import Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["Op", "Step", "RankProgram", "Schedule", "Builder", "split_even", "segments"]
+__all__ = ["Op", "Step", "RankProgram", "Schedule", "Builder", "split_even", "segments", "apply_reduce"]
 
 
 class Op(IntEnum):
@@ -51,6 +51,15 @@ class Step:
     # which two ranks compute the same value (recursive doubling) order the operands by
     # rank on both sides, so min/max of signed zeros and NaN payloads agree bitwise too.
     incoming_left: bool = False
+
+
+def apply_reduce(ufunc, view, incoming, step: Step) -> None:
+    """Execute a REDUCE step in place: view = op(view, incoming), or op(incoming, view)
+    when the step is ``incoming_left`` (every engine that runs schedules calls this)."""
+    if step.incoming_left:
+        ufunc(incoming, view, out=view)
+    else:
+        ufunc(view, incoming, out=view)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Tuple
 
 from ..algorithms import build_ring
-from ..schedule import Builder, Op, Schedule
+from ..schedule import Builder, Schedule
 
 __all__ = ["OMPI_NAMES", "ompi_default", "ompi_schedule", "recursive_doubling", "rabenseifner",
            "nonoverlapping"]
@@ -69,11 +69,9 @@ def recursive_doubling(p: int, nelem: int) -> Schedule:
     mask = 1
     while mask < pof2:
         # a pairwise exchange: both sides send their whole buffer, then add the other's
-        mark = [len(ops) for ops in b._ops]
         for v in range(pof2):
-            b.transfer(real[v], real[v ^ mask], 0, nelem, reduce=True)
-        for r, ops in enumerate(b._ops):    # sends first, so no rank sends what it just reduced
-            ops[mark[r]:] = sorted(ops[mark[r]:], key=lambda op: op[0] != Op.SEND)
+            if v < v ^ mask:
+                b.exchange(real[v], real[v ^ mask], 0, nelem)
         mask <<= 1
     for r in range(rem):
         b.transfer(2 * r + 1, 2 * r, 0, nelem, reduce=False)
