@@ -120,6 +120,7 @@ class Config:
     verbose: bool = False
     ranks_per_host: Optional[int] = None
     tuning_file: Optional[str] = None
+    inter_host_segment: int = 60 << 10    # inter_host_segment_bytes(): under the TCP eager limit
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
@@ -152,6 +153,7 @@ class Config:
             verbose=bool(boolean("VERBOSE", auto=False)),
             ranks_per_host=integer("RANKS_PER_HOST", 1),
             tuning_file=_existing_file(get("TUNING_FILE")),
+            inter_host_segment=inter_host_segment_bytes(env),
         )
 
     def with_overrides(self, **kwargs) -> "Config":
@@ -210,6 +212,23 @@ STAR_MAX_HOSTS = 8         # up to this many hosts, one color per host (direct r
 # faster up to 256 KiB, slower from 1 MiB (docs/algorithms.md).
 DOUBLING_BYTES = SMALL_BYTES
 DOUBLING_PAIR_BYTES = 256 << 10
+# Across hosts, pipeline segments stay under Open MPI's TCP eager limit. A larger message
+# waits for the receiver's clear-to-send, and where a connection carries data both ways
+# (every rank pair of a star or a tree does; a ring's do not) that small reply queues
+# behind the receiver's own data: a two-way stream of 256 KiB messages between two
+# emulated hosts ran at 0.54 of the one-way rate, of 60 KiB messages at 1.00
+# (docs/benchmarks.md, "Two-way connections").
+EAGER_LIMIT_VARIABLE = "OMPI_MCA_btl_tcp_eager_limit"
+EAGER_LIMIT_BYTES = 64 << 10     # Open MPI's default btl_tcp_eager_limit (headers included)
+EAGER_HEADER_BYTES = 1 << 10     # room for the PML and BTL headers
+
+
+def inter_host_segment_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
+    """The largest segment that crosses hosts eagerly: the TCP eager limit less its headers,
+    in whole 4 KiB (``OMPI_MCA_btl_tcp_eager_limit`` when set, as mpirun --mca sets it)."""
+    value = (os.environ if environ is None else environ).get(EAGER_LIMIT_VARIABLE, "").strip()
+    limit = parse_size(value, EAGER_LIMIT_VARIABLE) if value else EAGER_LIMIT_BYTES
+    return max(4096, (limit - EAGER_HEADER_BYTES) // 4096 * 4096)
 
 
 def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
@@ -268,6 +287,9 @@ def resolve(config: Config, nbytes: int, itemsize: int,
         segment = max(1, config.segment_bytes // itemsize) if config.segment_bytes else 0
     elif tuned:
         segment = tuned.segment
+    elif config.algorithm == "multicolor" and len(hosts) > 1 and (
+            nbytes // _slices(config, colors, hosts) > config.inter_host_segment):
+        segment = config.inter_host_segment // itemsize
     elif nbytes // _slices(config, colors, hosts) >= PIPELINE_MIN_SEGMENTS * SEGMENT_BYTES:
         segment = SEGMENT_BYTES // itemsize
     else:
@@ -351,7 +373,8 @@ DATA_VARIABLES = {
     "MPI": ("auto", "use MPI: 1 yes, 0 no, auto when launched by mpirun or when mpi4py.MPI is already imported"),
     "EXCHANGE_ROUND_BYTES": ("1G", "the most bytes one rank sends or receives in one Alltoallv round"),
     "THREADS": ("4", "default decode threads of the threaded loader"),
-    "DECODER": ("auto", "JPEG decoder: simplejpeg, pil, or auto (simplejpeg when it imports)"),
+    "DECODER": ("auto", "JPEG decoder: turbo (decodes only the crop box; needs the built extension), "
+                        "simplejpeg, pil, or auto (the first of these that imports)"),
 }
 
 
@@ -412,4 +435,4 @@ class data:
 
     @staticmethod
     def decoder() -> str:
-        return _choice(DATA_PREFIX + "DECODER", data.raw("DECODER"), ("auto", "simplejpeg", "pil"))
+        return _choice(DATA_PREFIX + "DECODER", data.raw("DECODER"), ("auto", "turbo", "simplejpeg", "pil"))

@@ -60,12 +60,31 @@ def test_size_table():
     assert p.colors == 2 and p.segment == (256 << 10) // 4
     _, p = resolve(Config(), 64 << 20, 4, flat4)
     assert p.colors == 4 and not p.hierarchical       # one color per host: direct reduce-scatter
+    assert p.segment == (60 << 10) // 4               # across hosts: segments sent eagerly
     _, p = resolve(Config(colors=3, segment_bytes=0, hierarchy=False), 64 << 20, 8, one_host_two)
     assert (p.colors, p.segment, p.hierarchical) == (3, 0, False)
     _, p = resolve(Config(), 1 << 20, 4, [[0, 1], [2, 3]])
-    assert p.colors == 2 and p.segment == 0            # 512 KiB per color: too few segments to pipeline
+    assert p.colors == 2 and p.segment == (60 << 10) // 4   # crosses hosts: eager segments even so
+    _, p = resolve(Config(colors=2), 1 << 20, 4, [[0, 1, 2, 3]])
+    assert p.colors == 2 and p.segment == 0            # one host, 512 KiB per color: too few to pipeline
+    _, p = resolve(Config(), 64 << 10, 8, flat4)
+    assert p.segment == 0                              # 32 KiB per color: one eager message already
+    _, p = resolve(Config(segment_bytes=1 << 20), 64 << 20, 4, flat4)
+    assert p.segment == (1 << 20) // 4                 # the variable still wins
     algo, p = resolve(Config(algorithm="ring"), 64 << 20, 4, flat4)
     assert algo == "ring" and p.segment == (256 << 10) // 4
+
+
+def test_inter_host_segment_follows_the_tcp_eager_limit():
+    from mcallreduce.config import inter_host_segment_bytes
+    assert inter_host_segment_bytes({}) == 60 << 10                    # 64 KiB less the headers
+    assert inter_host_segment_bytes({"OMPI_MCA_btl_tcp_eager_limit": "1M"}) == (1 << 20) - 4096
+    assert inter_host_segment_bytes({"OMPI_MCA_btl_tcp_eager_limit": "2048"}) == 4096   # a floor
+    env = {"OMPI_MCA_btl_tcp_eager_limit": "262144"}
+    _, p = resolve(Config.from_env(env), 64 << 20, 4, [[0], [1], [2], [3]])
+    assert p.segment == (256 << 10) // 4 - 1024
+    with pytest.raises(ConfigError, match="OMPI_MCA_btl_tcp_eager_limit"):
+        Config.from_env({"OMPI_MCA_btl_tcp_eager_limit": "lots"})
 
 
 def test_tuning_file_replaces_auto_choices(tmp_path):

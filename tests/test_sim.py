@@ -68,11 +68,26 @@ def test_duplex_factor_slows_two_way_exchanges_only():
     b.transfer(0, 1, 0, n, reduce=False)
     b.transfer(1, 0, n, n, reduce=False)
     sched = b.build("exchange")
-    full = simulate(sched, plain(2)).time
-    half = simulate(sched, plain(2, duplex=0.5)).time
-    assert full == pytest.approx(10e-6 + 4 * n / 1e8, rel=0.01)
-    assert half == pytest.approx(10e-6 + 4 * n / 0.5e8, rel=0.01)
+    full = simulate(sched, plain(2, eager_bytes=1000)).time          # rendezvous: 3 alpha
+    half = simulate(sched, plain(2, eager_bytes=1000, duplex=0.5)).time
+    assert full == pytest.approx(30e-6 + 4 * n / 1e8, rel=0.01)
+    assert half == pytest.approx(30e-6 + 4 * n / 0.5e8, rel=0.01)
     assert one_message(n, plain(2, duplex=0.5)).time == pytest.approx(one_message(n, plain(2)).time)
+
+
+def test_duplex_loss_spares_eager_messages():
+    # a two-way stream: the handshake of a rendezvous message queues behind the reverse
+    # data (duplex < 1); an eager one has no handshake (duplex_eager, 1 by default)
+    def stream(seg):
+        b = Builder(2, 2 * 20 * seg)
+        for k in range(20):
+            b.transfer(0, 1, k * seg, seg, reduce=False)
+            b.transfer(1, 0, (20 + k) * seg, seg, reduce=False)
+        return simulate(b.build("two-way"), plain(2, eager_bytes=65536, duplex=0.5, duplex_small=0.5),
+                        itemsize=1).time
+    eager, rendezvous = stream(60 << 10), stream(256 << 10)
+    assert eager == pytest.approx(20 * (60 << 10) / 1e8, rel=0.05)   # both ways at the full rate
+    assert rendezvous / (256 / 60) > 1.8 * eager
 
 
 def test_shared_cores_slow_down_cpu_bound_schedules():

@@ -8,8 +8,9 @@ on every host) measures, between ranks 0 and 1 on two different hosts (and ranks
   least-squares line through time vs bytes);
 * a one-way stream of 8 MiB messages -> ``nic_efficiency`` = achieved / configured rate;
 * a simultaneous two-way exchange (Sendrecv) of the same size -> ``duplex`` (1.0: full duplex),
-  and a two-way exchange of 256 KiB segments, 4 in flight (the runtime's pipelining) ->
-  ``duplex_small`` (the factor for messages below ``duplex_min_bytes``);
+  a two-way exchange of 256 KiB segments, 4 in flight -> ``duplex_small`` (the factor for
+  rendezvous messages below ``duplex_min_bytes``), and of 60 KiB segments, 8 in flight (sent
+  eagerly: no clear-to-send to wait for) -> ``duplex_eager``;
 * numpy's in-place add on 4 MiB float32 -> ``gamma`` (seconds per byte);
 * mcallreduce's own engine: a 1-element ring allreduce on the two ranks (metadata check off),
   from which :func:`fit` solves ``overhead`` (CPU seconds per posted step) by bisection so
@@ -34,6 +35,7 @@ PING_SIZES = (8, 256, 1024, 2048, 4096, 16384, 32768)
 FIT_SIZES = (256, 4096)   # alpha and the burst speed come from sizes the shaper's bucket passes
 STREAM_BYTES = 8 << 20
 SEGMENT_BYTES = 256 << 10
+EAGER_SEGMENT_BYTES = 60 << 10   # under Open MPI's TCP eager limit: no rendezvous handshake
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple:
@@ -78,6 +80,7 @@ def fit(raw: Dict, rate_Bps: float) -> Dict[str, float]:
            "peak_Bps": float(min(max(1.0 / max(slope, 1e-12), 50e6), 5e9)),
            "duplex": min(1.0, inter["exchange_Bps"] / inter["stream_Bps"]),
            "duplex_small": min(1.0, inter.get("seg_exchange_Bps", inter["exchange_Bps"]) / inter["stream_Bps"]),
+           "duplex_eager": min(1.0, inter.get("eager_exchange_Bps", inter["stream_Bps"]) / inter["stream_Bps"]),
            "gamma": raw["gamma"]}
     intra = raw.get("intra")
     if intra:
@@ -89,7 +92,8 @@ def fit(raw: Dict, rate_Bps: float) -> Dict[str, float]:
     out["alpha_loaded"] = max(out["alpha"], inter.get("barrier_s", 0.0))
     two = ClusterModel(hosts=2, nic_Bps=rate_Bps * min(eff, 1.0), alpha=out["alpha_loaded"], gamma=out["gamma"],
                        burst_bytes=max(int(rate_Bps * 0.005), 128 * 1024), peak_Bps=out["peak_Bps"],
-                       duplex=out["duplex"], duplex_small=out["duplex_small"], cores=raw.get("cores"))
+                       duplex=out["duplex"], duplex_small=out["duplex_small"],
+                       duplex_eager=out["duplex_eager"], cores=raw.get("cores"))
     out["overhead"] = fit_overhead(raw["engine_ring_1elem_s"], two)
     return out
 
@@ -158,6 +162,7 @@ def rank_main(argv: Optional[List[str]] = None) -> int:
     raw["stream_Bps"] = _stream(comm, me, 1 - me, STREAM_BYTES, ns.stream_reps, both=False)
     raw["exchange_Bps"] = _stream(comm, me, 1 - me, STREAM_BYTES, ns.stream_reps, both=True)
     raw["seg_exchange_Bps"] = _seg_exchange(comm, 1 - me, SEGMENT_BYTES, 48, 4)
+    raw["eager_exchange_Bps"] = _seg_exchange(comm, 1 - me, EAGER_SEGMENT_BYTES, 192, 8)
     if me == 0:   # gamma: numpy in-place add while the peer sleeps
         a, b = np.ones(1 << 20, np.float32), np.ones(1 << 20, np.float32)
         np.add(a, b, out=a)

@@ -25,13 +25,17 @@ A :class:`ClusterModel` describes
   / ``peak_Bps``, the token bucket of a tc tbf shaper (a message that finds tokens
   passes at ``peak_Bps``, the rest at the rate: time = max(n/peak, (n - tokens)/rate)),
   and ``duplex``, the per-direction rate of a rank pair that exchanges bulk data both
-  ways at once over its TCP connection (measured: 0.6 of the one-way rate; the ACKs of
-  one direction queue behind the other direction's data in the shaper).
+  ways at once over its TCP connection (measured: 0.6 of the one-way rate). The loss is
+  the rendezvous protocol's: a message above the eager limit waits for a clear-to-send
+  that queues behind the other direction's data, so ``duplex_eager`` (messages up to
+  ``eager_bytes``, measured 0.95-1.0) is separate.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional
+
+from ..config import EAGER_HEADER_BYTES, EAGER_LIMIT_BYTES
 
 __all__ = ["ClusterModel", "emulated", "paper", "parse_rate"]
 
@@ -63,6 +67,7 @@ class ClusterModel:
     duplex: float = 1.0                 # per-direction rate while a connection carries data both ways
     duplex_min_bytes: int = 1 << 20     # ... for messages at least this large (bulk TCP transfers)
     duplex_small: float = 1.0           # the same for smaller (pipelined) messages
+    duplex_eager: float = 1.0           # the same for messages sent eagerly (<= eager_bytes): no handshake
     mpi_overhead: float = 2e-6          # CPU per step inside MPI's own (C) collectives
     cores: Optional[int] = None
     hosts_per_switch: Optional[int] = None
@@ -115,9 +120,11 @@ def emulated(hosts: int, ranks_per_host: int = 1, rate: str = "200mbit", rails: 
         hosts=hosts, ranks_per_host=ranks_per_host, nics=rails,
         nic_Bps=parse_rate(rate) * c["nic_efficiency"], nic_policy="stripe",
         alpha=c["alpha"], intra_Bps=c["intra_Bps"], intra_alpha=c["intra_alpha"],
-        overhead=c["overhead"], gamma=c["gamma"], eager_bytes=65536, cores=cores,
+        overhead=c["overhead"], gamma=c["gamma"], cores=cores,
+        eager_bytes=EAGER_LIMIT_BYTES - EAGER_HEADER_BYTES,   # Open MPI's TCP eager payload
         burst_bytes=max(int(parse_rate(rate) * 0.005), 128 * 1024), peak_Bps=c["peak_Bps"],
         duplex=c["duplex"], duplex_small=c.get("duplex_small", c["duplex"]),
+        duplex_eager=c.get("duplex_eager", 1.0),
         mpi_overhead=c.get("mpi_overhead", 2e-6),
         name=f"emulated {rate}" + (f" x{rails} rails" if rails > 1 else ""))
 

@@ -77,7 +77,7 @@ def simulate(schedule: Schedule, model: ClusterModel, itemsize: int = 4,
     leaf_bw = (m.hosts_per_switch * m.nics * m.nic_Bps / m.oversubscription) if m.hosts_per_switch else 0.0
     eager = m.eager_bytes
     burst, peak, duplex = float(m.burst_bytes), m.peak_Bps or float("inf"), m.duplex
-    duplex_min, duplex_small = m.duplex_min_bytes, m.duplex_small
+    duplex_min, duplex_small, duplex_eager = m.duplex_min_bytes, m.duplex_small, m.duplex_eager
     tokens: Dict[tuple, float] = {}
     last_fin: Dict[tuple, float] = {}
     send_post: Dict[tuple, Tuple[float, int, int]] = {}
@@ -144,7 +144,8 @@ def simulate(schedule: Schedule, model: ClusterModel, itemsize: int = 4,
         first = None
         slow = 1.0
         if inter and last_fin.get((dst, src), 0.0) > t0:
-            slow = duplex if nbytes >= duplex_min else duplex_small   # the reverse direction is busy
+            # the reverse direction is busy: a rendezvous message's clear-to-send queues behind its data
+            slow = duplex_eager if nbytes <= eager else duplex if nbytes >= duplex_min else duplex_small
         for port, bw in hops:
             f0 = free.get(port, 0.0)
             st = start if start > f0 else f0

@@ -2,7 +2,7 @@
 
 The runtime's hand-written size table (``config.SMALL_BYTES`` ...) becomes a search:
 for a message of n bytes on a given host layout, every candidate ``Params``
-(colors in {1, 2, 3, 4, L, N, ...}, segment in {0, 64K, 256K, 1M}, hierarchical or
+(colors in {1, 2, 3, 4, L, N, ...}, segment in {0, 60K, 256K, 1M}, hierarchical or
 flat) is played on the cluster model and the fastest wins, like Blue Gene/Q's
 colors-by-size table (which was measured) and NCCL's tuner (which is a cost model).
 
@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..algorithms import Params
+from ..config import inter_host_segment_bytes
 from .model import ClusterModel, emulated
 from .predict import predict
 
 __all__ = ["SEGMENTS", "candidates", "best_params", "table", "default_model", "load_calibration",
            "lookup", "auto_params"]
 
-SEGMENTS = (0, 64 << 10, 256 << 10, 1 << 20)
+SEGMENTS = (0, inter_host_segment_bytes(), 256 << 10, 1 << 20)   # 60 KiB: eager across hosts
 CALIBRATION_FILE = Path(__file__).resolve().parents[2] / "docs" / "data" / "calibration.json"
 TUNING_FILE = Path(__file__).resolve().parents[2] / "docs" / "data" / "tuning.json"
 
