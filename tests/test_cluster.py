@@ -158,6 +158,17 @@ def test_shaping_holds_raw_tcp_near_the_rate(cluster):
 
 
 @needs_cluster
+def test_duplex_measures_one_way_and_two_way_streams(cluster):
+    proc = cli("duplex", "--segments", "60K,4K", "--bytes", "2M", "--window", "4")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {int(line.split()[0]): [float(x) for x in line.split()[1:]]
+            for line in proc.stdout.splitlines() if line.split() and line.split()[0].isdigit()}
+    assert sorted(rows) == [4096, 61440]
+    for one, two, ratio in rows.values():
+        assert 0 < one < 1.1 * 25.0 and 0 < two < 1.1 * 25.0 and ratio == pytest.approx(two / one, abs=0.01)
+
+
+@needs_cluster
 def test_a_hung_job_is_killed_with_its_ranks(cluster):
     proc = cluster.run([sys.executable, "-c", "import time; time.sleep(120)"], timeout=5)
     assert proc.returncode == -9 and "timeout" in proc.stderr

@@ -462,6 +462,10 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     p_ar.add_argument("--sizes", default="8M,32M", help="bytes per rank, e.g. 8M,32M")
     p_ar.add_argument("--algorithm", choices=("default", "ring"), default="default",
                       help="Open MPI's tuned default, or its ring (coll_tuned algorithm 4)")
+    p_dx = sub.add_parser("duplex", help="MPI streams host 0 <-> host 1: one way vs both ways, per message size")
+    p_dx.add_argument("--segments", default="60K,256K,1M", help="message sizes, e.g. 60K,256K")
+    p_dx.add_argument("--bytes", default="32M", help="bytes per direction and size")
+    p_dx.add_argument("--window", type=int, default=8, help="messages in flight per direction")
     ns = parser.parse_args(args)
     try:
         cluster = Cluster(ns.prefix)
@@ -484,10 +488,12 @@ def main(args: Optional[Sequence[str]] = None) -> int:
                 print(" ".join(cluster.mpirun_argv(argv, np=ns.np, env=env)))
                 return 0
             return cluster.run(argv, np=ns.np, env=env, timeout=ns.timeout, capture=False).returncode
-        elif ns.action in ("check", "allreduce"):
+        elif ns.action in ("check", "allreduce", "duplex"):
             from mcallreduce.bench import cluster_measure
             if ns.action == "check":
                 return cluster_measure.check_main(cluster, ns.seconds)
+            if ns.action == "duplex":
+                return cluster_measure.duplex_main(cluster, ns.segments, ns.bytes, ns.window)
             return cluster_measure.allreduce_main(cluster, ns.sizes, ns.algorithm)
     except ClusterError as err:
         print(f"cluster: error: {err}", file=sys.stderr)

@@ -2,7 +2,9 @@
 
 ``check``: raw TCP throughput from host 0 to host 1 on every rail (a plain Python socket
 sender/receiver, bounded in bytes and in time) against the configured rate.
-``allreduce``: MPI_Allreduce bus bandwidth (busbw = size/time * 2(n-1)/n, the figure that a
+``duplex``: MPI streams between two hosts, one way and both ways at once, per message size
+(a message above the TCP eager limit waits for a clear-to-send that queues behind the
+other direction's data). ``allreduce``: MPI_Allreduce bus bandwidth (busbw = size/time * 2(n-1)/n, the figure that a
 bandwidth-optimal allreduce drives to the link rate) with Open MPI's default algorithm or its ring.
 
 The rank-side and socket-side halves run as ``python -m mcallreduce.bench.cluster_measure ...``
@@ -158,6 +160,75 @@ def allreduce_main(cluster, sizes: str, algorithm: str) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- one connection, both ways
+def duplex_rank(segments: Sequence[int], total: int, window: int) -> None:
+    """Rank side, 2 ranks on 2 hosts: stream ``total`` bytes as messages of each segment size,
+    ``window`` in flight (sliding), one way and then both ways at once; rank 0 prints JSON.
+
+    This is what a tree or a star asks of a connection (both ends send bulk data) and
+    what a ring does not (data one way, only protocol messages back).
+    """
+    import numpy as np
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    peer = 1 - comm.rank
+    for seg in segments:
+        count = max(1, total // seg)
+        out, into = np.ones(seg * window, np.uint8), np.empty(seg * window, np.uint8)
+        for both in (False, True):
+            sending, receiving = both or comm.rank == 0, both or comm.rank == 1
+            comm.Barrier()
+            start = time.perf_counter()
+            sent = received = 0
+            reqs, kinds = [], []
+            while True:
+                while sending and sent < count and kinds.count("s") < window:
+                    k = sent % window
+                    reqs.append(comm.Isend([out[k * seg:(k + 1) * seg], MPI.BYTE], peer, 5))
+                    kinds.append("s")
+                    sent += 1
+                while receiving and received < count and kinds.count("r") < window:
+                    k = received % window
+                    reqs.append(comm.Irecv([into[k * seg:(k + 1) * seg], MPI.BYTE], peer, 5))
+                    kinds.append("r")
+                    received += 1
+                if not reqs:
+                    break
+                done = set(MPI.Request.Waitsome(reqs))   # blocks in MPI: no Python spinning
+                reqs = [r for i, r in enumerate(reqs) if i not in done]
+                kinds = [x for i, x in enumerate(kinds) if i not in done]
+            comm.Barrier()
+            seconds = time.perf_counter() - start
+            if comm.rank == 0:
+                print(json.dumps({"segment": seg, "both": both, "bytes": count * seg, "seconds": seconds,
+                                  "MBps_per_direction": count * seg / seconds / 1e6}), flush=True)
+
+
+def duplex_main(cluster, segments: str, total: str, window: int) -> int:
+    """``cluster duplex``: one-way vs two-way MPI streams between host 0 and host 1."""
+    from mcallreduce.bench.cluster import require_root, say
+    require_root()
+    cfg = cluster.config()
+    if cfg is None or cfg.hosts < 2:
+        print("the cluster is not up with at least 2 hosts", file=sys.stderr)
+        return 2
+    say(f"duplex: host 0 <-> host 1 at {cfg.rate}, {window} messages in flight per direction")
+    argv = [sys.executable, "-m", __name__, "duplex-rank", "--segments",
+            ",".join(str(parse_size(s)) for s in segments.split(",")), "--bytes", str(parse_size(total)),
+            "--window", str(window)]
+    proc = cluster.run(argv, np=2, extra=["--map-by", "node"], timeout=600)
+    if proc.returncode != 0:
+        print(f"duplex job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}", file=sys.stderr)
+        return 1
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    print(f"{'segment':>9} {'one way MB/s':>13} {'both ways MB/s':>15} {'ratio':>6}")
+    for seg in dict.fromkeys(r["segment"] for r in rows):
+        one = next(r["MBps_per_direction"] for r in rows if r["segment"] == seg and not r["both"])
+        two = next(r["MBps_per_direction"] for r in rows if r["segment"] == seg and r["both"])
+        print(f"{seg:>9} {one:>13.1f} {two:>15.1f} {two / one:>6.2f}")
+    return 0
+
+
 def main(args: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mcallreduce.bench.cluster_measure")
     sub = parser.add_subparsers(dest="action", required=True)
@@ -172,8 +243,14 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     p_rank = sub.add_parser("allreduce-rank")
     p_rank.add_argument("--sizes", required=True, help="bytes, comma-separated")
     p_rank.add_argument("--iters", required=True, help="iterations per size, comma-separated")
+    p_duplex = sub.add_parser("duplex-rank")
+    p_duplex.add_argument("--segments", required=True, help="bytes, comma-separated")
+    p_duplex.add_argument("--bytes", type=int, required=True)
+    p_duplex.add_argument("--window", type=int, default=8)
     ns = parser.parse_args(args)
-    if ns.action == "tcp-recv":
+    if ns.action == "duplex-rank":
+        duplex_rank([int(s) for s in ns.segments.split(",")], ns.bytes, ns.window)
+    elif ns.action == "tcp-recv":
         print(json.dumps(tcp_receive(ns.port, ns.timeout)), flush=True)
     elif ns.action == "tcp-send":
         tcp_send(ns.host, ns.port, ns.bytes, ns.seconds)
