@@ -3,8 +3,13 @@ import os
 import re
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
+from setuptools.errors import CCompilerError, ExecError, PlatformError
+
+# What a missing compiler, Python.h or jpeglib.h raises while building an extension.
+BUILD_ERRORS = (CCompilerError, ExecError, PlatformError, OSError)
 
 
 class build_py_with_startup_hook(build_py):
@@ -19,6 +24,29 @@ class build_py_with_startup_hook(build_py):
         self.copy_file(os.path.join("mcallreduce", "horovod", "mcallreduce-horovod.pth"),
                        os.path.join(self.build_lib, "mcallreduce-horovod.pth"))
 
+
+class optional_build_ext(build_ext):
+    """Build the C extensions if possible; without a C compiler, Python headers or libjpeg's
+    jpeglib.h (Debian: gcc, python3-dev, libjpeg62-turbo-dev), warn and install without them.
+
+    mcallreduce.data._jpegroi decodes only the crop box of a JPEG; without it the data
+    transforms decode the whole image with simplejpeg (or Pillow), as before.
+    """
+
+    def run(self):
+        try:
+            super().run()
+        except BUILD_ERRORS as exc:   # no compiler at all: raised before any extension
+            self.warn(f"C extensions not built ({exc}); mcallreduce works without them")
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except BUILD_ERRORS as exc:   # CompileError, LinkError, ...: the extension is optional
+            self.warn(f"optional extension {ext.name} not built ({exc}); the JPEG decoder falls "
+                      f"back to simplejpeg/Pillow (Debian: apt-get install gcc libjpeg62-turbo-dev)")
+
+
 here = Path(__file__).parent
 version = re.search(r'__version__ = "([^"]+)"', (here / "mcallreduce" / "__init__.py").read_text()).group(1)
 
@@ -31,7 +59,8 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["mcallreduce", "mcallreduce.*"]),
     package_data={"mcallreduce.horovod": ["mcallreduce-horovod.pth"]},
-    cmdclass={"build_py": build_py_with_startup_hook},
+    ext_modules=[Extension("mcallreduce.data._jpegroi", ["mcallreduce/data/_jpegroi.c"], libraries=["jpeg"])],
+    cmdclass={"build_py": build_py_with_startup_hook, "build_ext": optional_build_ext},
     install_requires=["numpy>=1.24", "mpi4py>=4.0"],
     extras_require={
         "torch": ["torch==2.13.0"],

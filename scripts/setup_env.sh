@@ -12,11 +12,16 @@ py="$venv/bin/python"
 say() { printf '[setup] %s\n' "$*" >&2; }
 
 # 1. System packages: Open MPI (never a pip-installed MPI: mpi4py and Horovod must link
-#    the system one); iproute2 and util-linux for the emulated cluster (ip, tc, unshare).
+#    the system one); iproute2 and util-linux for the emulated cluster (ip, tc, unshare);
+#    a C compiler and libjpeg-turbo's headers for the optional crop-box JPEG decoder
+#    (mcallreduce/data/_jpegroi.c; without them the package builds and uses simplejpeg).
 need=()
 command -v mpicc >/dev/null 2>&1 || need+=(openmpi-bin libopenmpi-dev)
 { command -v ip && command -v tc; } >/dev/null 2>&1 || need+=(iproute2)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+command -v cc >/dev/null 2>&1 || need+=(gcc)
+[ -f /usr/include/jpeglib.h ] || need+=(libjpeg62-turbo-dev)
+[ -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)/Python.h" ] || need+=(python3-dev)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     say "installing from Debian's packages: ${need[*]}"
@@ -28,13 +33,15 @@ if [ ${#need[@]} -gt 0 ]; then
     echo "  apt-get install ${need[*]}" >&2
     exit 2
   else
-    say "optional packages missing (emulated cluster): ${need[*]}"
+    say "optional packages missing (emulated cluster, JPEG crop decoder): ${need[*]}"
   fi
 fi
 
 # 2. The virtual environment (ignored by git).
 stamp="$venv/.mcallreduce-setup"
-want=$(cat "$repo/scripts/setup_env.sh" "$repo/setup.py" "$repo"/scripts/requirements-*.txt 2>/dev/null | sha256sum | cut -c1-16)
+# (the C sources too: the editable install compiles them in place)
+want=$(cat "$repo/scripts/setup_env.sh" "$repo/setup.py" "$repo"/scripts/requirements-*.txt "$repo"/mcallreduce/data/*.c \
+       2>/dev/null | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("mcallreduce", "mpi4py", "torch"))))' 2>/dev/null; then
   # Python side already set up with these exact inputs: only Horovod and its hook to check.
   "$repo/scripts/build_horovod.sh"

@@ -35,7 +35,7 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--epochs", type=int, default=2, help="timed epochs per path")
     p.add_argument("--ranks", default="1,2,4", help="local rank counts for the memory runs ('' skips them)")
-    p.add_argument("--decoder", default=None, help="simplejpeg or pil (default: MCALLREDUCE_DATA_DECODER)")
+    p.add_argument("--decoder", default=None, help="turbo, simplejpeg or pil (default: MCALLREDUCE_DATA_DECODER)")
     p.add_argument("--decode-only", action="store_true",
                    help="only the one-core decode table (decode + RRC-224 vs the decoder alone)")
     p.add_argument("--memory-worker", action="store_true", help=argparse_hidden())
@@ -149,8 +149,14 @@ def decode_per_core(store, decoder: str, limit: int = 400, rounds: int = 3, chun
     every case alike; the ratios are of total times. Cases:
 
       simplejpeg_full_decode / pil_full_decode   the decoder library alone, full size, RGB
+                         (simplejpeg's is the reference: "the decoder library alone")
+      turbo_full_decode  our extension (mcallreduce/data/jpeg.py) decoding the whole image: the
+                         same libjpeg-turbo code path as the crop decode, to tell the gain of
+                         decoding the box only from differences between libjpeg-turbo builds
       rrc_<resizer>      TrainTransform(normalize=False): reduced decode + RRC-224 + flip, uint8 CHW
                          (the issue's "decode + random-resized-crop to 224 px"), for each resizer
+      rrc_simplejpeg     the same with the whole-image simplejpeg decode (the previous default),
+                         default resizer; only when the default decoder is another one
       train_transform    TrainTransform() as constructed by default: + per-image float normalise
       batch_normalize    transforms.Normalize (CPU: one numpy pass) on uint8 batches of ``batch_size``,
                          per image; rrc + batch Normalize = the full pipeline with normalisation
@@ -159,6 +165,7 @@ def decode_per_core(store, decoder: str, limit: int = 400, rounds: int = 3, chun
     import simplejpeg
     import torch
     from PIL import Image
+    from . import jpeg
     from .transforms import Normalize, TrainTransform, _cv2, _torch_resize_op, resizer_name
     blobs = [bytes(store.sample_bytes(i)) for i in range(min(limit, len(store)))]
     jpegs = [b for b in blobs if b[:2] == b"\xff\xd8"]
@@ -168,8 +175,12 @@ def decode_per_core(store, decoder: str, limit: int = 400, rounds: int = 3, chun
     cases = {"simplejpeg_full_decode": lambda b: simplejpeg.decode_jpeg(b, colorspace="RGB"),
              "pil_full_decode": lambda b: Image.open(io.BytesIO(b)).convert("RGB"),
              "train_transform": default}
+    if jpeg.available:
+        cases["turbo_full_decode"] = jpeg.decode
     for r in resizers:
         cases[f"rrc_{r}"] = TrainTransform(decoder=decoder, seed=0, normalize=False, resizer=r)
+    if default.decoder != "simplejpeg":
+        cases["rrc_simplejpeg"] = TrainTransform(decoder="simplejpeg", seed=0, normalize=False)
     normalize = Normalize()
     batch = torch.randint(0, 256, (batch_size, 3, 224, 224), dtype=torch.uint8)
     for f in cases.values():
@@ -192,13 +203,18 @@ def decode_per_core(store, decoder: str, limit: int = 400, rounds: int = 3, chun
     results = {"images": len(jpegs), "rounds": rounds, "decoder": default.decoder,
                "resizer": default.resizer, "resizers": resizers, "batch_size": batch_size}
     results.update({name: n / t for name, t in total.items()})
-    reference = "simplejpeg_full_decode" if default.decoder == "simplejpeg" else "pil_full_decode"
+    reference = "simplejpeg_full_decode" if default.decoder != "pil" else "pil_full_decode"
     results["reference"] = reference
     results["rrc_batch_normalize"] = n / (total[f"rrc_{default.resizer}"] + total["batch_normalize"])
     for name in [f"rrc_{r}" for r in resizers] + ["train_transform", "rrc_batch_normalize"]:
         results[f"ratio_{name}"] = results[name] / results[reference]
     # The figure: decode + RRC-224 (+ flip), the default resizer, uint8 out.
     results["ratio_to_decoder_alone"] = results[f"ratio_rrc_{default.resizer}"]
+    if "rrc_simplejpeg" in results:
+        results["ratio_rrc_simplejpeg"] = results["rrc_simplejpeg"] / results[reference]
+    if "turbo_full_decode" in results:   # against the extension's own full decode: same libjpeg build
+        results["ratio_to_own_full_decode"] = results[f"rrc_{default.resizer}"] / results["turbo_full_decode"]
+    results["libjpeg_turbo_version"] = jpeg.libjpeg_turbo_version
     results["train_transform_resizer"] = resizer_name(None)
     return results
 
@@ -213,10 +229,17 @@ def format_decode_table(d: dict) -> List[str]:
              f"| simplejpeg full decode (RGB) | {d['simplejpeg_full_decode']:.0f} | "
              f"{d['simplejpeg_full_decode'] / ref:.2f} |",
              f"| Pillow full decode (RGB) | {d['pil_full_decode']:.0f} | {d['pil_full_decode'] / ref:.2f} |"]
+    if "turbo_full_decode" in d:
+        lines.append(f"| turbo full decode (RGB; our extension, system libjpeg-turbo "
+                     f"{d.get('libjpeg_turbo_version')}) | {d['turbo_full_decode']:.0f} | "
+                     f"{d['turbo_full_decode'] / ref:.2f} |")
     for r in d["resizers"]:
         bold = "**" if r == d["resizer"] else ""
-        lines.append(f"| decode + RRC-224 + flip, uint8 out; resize: {notes.get(r, r)} | {d['rrc_' + r]:.0f} | "
-                     f"{bold}{d['ratio_rrc_' + r]:.2f}{bold} |")
+        lines.append(f"| decode ({d['decoder']}) + RRC-224 + flip, uint8 out; resize: {notes.get(r, r)} | "
+                     f"{d['rrc_' + r]:.0f} | {bold}{d['ratio_rrc_' + r]:.2f}{bold} |")
+    if "rrc_simplejpeg" in d:
+        lines.append(f"| decode (simplejpeg, whole image) + RRC-224 + flip, uint8 out; resize: {d['resizer']} | "
+                     f"{d['rrc_simplejpeg']:.0f} | {d['ratio_rrc_simplejpeg']:.2f} |")
     lines += [f"| the same ({d['resizer']}) + batch Normalize to float32 ({d['batch_size']} per batch, "
               f"numpy on the CPU) | {d['rrc_batch_normalize']:.0f} | {d['ratio_rrc_batch_normalize']:.2f} |",
               f"| TrainTransform() default: + per-image normalise to float32 | {d['train_transform']:.0f} | "
@@ -224,6 +247,9 @@ def format_decode_table(d: dict) -> List[str]:
               "", f"Decode + RRC-224 ({d['decoder']}, resize {d['resizer']}) / decoder alone: "
                   f"**{d['ratio_to_decoder_alone']:.2f}x**; with normalisation per batch "
                   f"{d['ratio_rrc_batch_normalize']:.2f}x, per image {d['ratio_train_transform']:.2f}x."]
+    if "ratio_to_own_full_decode" in d:
+        lines[-1] += (f" Against the extension's own full decode (same libjpeg-turbo build): "
+                      f"{d['ratio_to_own_full_decode']:.2f}x.")
     return lines
 
 

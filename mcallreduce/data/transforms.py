@@ -6,9 +6,11 @@ let libjpeg decode at the smallest power-of-two scale (1/2, 1/4, 1/8: DCT-domain
 scaling) that keeps the box at least 224 px; one antialiased bilinear resize of
 the box follows (Pillow's BILINEAR filter, run by torch's AVX2 uint8 kernel when
 there is one: several times faster than Pillow's own scalar code). The decoder
-is simplejpeg when it imports (libjpeg-turbo) and Pillow's draft mode otherwise,
-or for non-JPEG and CMYK files. Decoders and resize release the GIL, so a thread
-pool scales with cores.
+(``auto``) is ``turbo`` when its extension is built (:mod:`.jpeg`: libjpeg-turbo
+decodes only the box), else simplejpeg (libjpeg-turbo, whole image), else
+Pillow's draft mode; Pillow also takes non-JPEG and CMYK files, and whatever a
+faster decoder refuses. Decoders and resize release the GIL, so a thread pool
+scales with cores.
 
 Transforms with ``takes_encoded = True`` receive the encoded bytes from the
 Dataset; any other callable receives a decoded RGB PIL image, as with ImageFolder.
@@ -27,6 +29,7 @@ import torch
 from PIL import Image
 
 from ..config import data as config
+from . import jpeg
 
 try:
     import simplejpeg
@@ -38,10 +41,20 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 Box = Tuple[float, float, float, float]   # left, top, right, bottom in source pixels
 
 
+DECODERS = ("turbo", "simplejpeg", "pil")
+
+
 def decoder_name(decoder: Optional[str] = None) -> str:
+    """``auto`` (default): ``turbo`` when its extension imports, else ``simplejpeg``, else ``pil``."""
     name = decoder or config.decoder()
     if name == "auto":
-        name = "simplejpeg" if simplejpeg is not None else "pil"
+        name = "turbo" if jpeg.available else "simplejpeg" if simplejpeg is not None else "pil"
+    if name not in DECODERS:
+        raise ValueError(f"decoder must be one of auto, {', '.join(DECODERS)}; got {name!r}")
+    if name == "turbo" and not jpeg.available:
+        raise ImportError(f"decoder 'turbo' asked for, but its extension does not import ({jpeg.import_error}); "
+                          f"it is built by 'pip install -e .' when gcc and libjpeg's headers are there "
+                          f"(Debian: apt-get install gcc libjpeg62-turbo-dev)")
     if name == "simplejpeg" and simplejpeg is None:
         raise ImportError("decoder 'simplejpeg' asked for, but simplejpeg does not import (pip install simplejpeg)")
     return name
@@ -59,7 +72,12 @@ def decode_image(data) -> Image.Image:
 
 def image_size(data, decoder: str = "simplejpeg") -> Tuple[int, int]:
     """(width, height) from the header alone."""
-    if decoder == "simplejpeg" and simplejpeg is not None and _is_jpeg(data):
+    if decoder == "turbo" and jpeg.available and _is_jpeg(data):
+        try:
+            return jpeg.header(data)
+        except ValueError:
+            pass
+    if decoder in ("simplejpeg", "turbo") and simplejpeg is not None and _is_jpeg(data):
         try:
             height, width, _, _ = simplejpeg.decode_jpeg_header(data)
             return width, height
@@ -149,6 +167,15 @@ def _decode(data, k: int, width: int, height: int, decoder: str, layout: str):
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
+def _pixel_box(box: Box, width: int, height: int) -> Tuple[int, int, int, int]:
+    """``box`` rounded to whole pixels inside a width x height image, at least 1x1."""
+    left = min(max(int(round(box[0])), 0), width - 1)
+    top = min(max(int(round(box[1])), 0), height - 1)
+    right = min(max(int(round(box[2])), left + 1), width)
+    bottom = min(max(int(round(box[3])), top + 1), height)
+    return left, top, right, bottom
+
+
 def crop_resize(image, box: Box, out: Tuple[int, int], flip: bool = False, resizer: str = "torch") -> np.ndarray:
     """``box`` of ``image`` (HxWxC uint8 array, C >= 3, or PIL image) resized to ``out`` = (width, height)
     with an antialiased bilinear filter, mirrored when ``flip``: a 3 x height x width uint8 array.
@@ -168,11 +195,7 @@ def crop_resize(image, box: Box, out: Tuple[int, int], flip: bool = False, resiz
             small = small.transpose(Image.FLIP_LEFT_RIGHT)
         return np.ascontiguousarray(np.asarray(small).transpose(2, 0, 1)[:3])
     array = np.asarray(image)
-    height, width = array.shape[:2]
-    left = min(max(int(round(box[0])), 0), width - 1)
-    top = min(max(int(round(box[1])), 0), height - 1)
-    right = min(max(int(round(box[2])), left + 1), width)
-    bottom = min(max(int(round(box[3])), top + 1), height)
+    left, top, right, bottom = _pixel_box(box, array.shape[1], array.shape[0])
     # torch's kernel wants contiguous channels-last: numpy copies the box (torch would, through its thread pool).
     crop = np.ascontiguousarray(array[top:bottom, left:right])
     if crop.shape[1] == out[0] and crop.shape[0] == out[1]:
@@ -186,11 +209,37 @@ def crop_resize(image, box: Box, out: Tuple[int, int], flip: bool = False, resiz
     return np.ascontiguousarray(small[:, :, ::-1] if flip else small)
 
 
+def _decode_box(data, k: int, width: int, height: int, box: Box, out: Tuple[int, int], flip: bool,
+                resizer: str) -> np.ndarray:
+    """:func:`decode_crop` with the ``turbo`` decoder: only (about) the box is decoded."""
+    sw, sh = jpeg.scaled_size(width, height, k)
+    sx, sy = sw / width, sh / height
+    scaled = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+    if resizer == "pil":
+        # Pillow resizes a fractional box and its filter reads up to ~(box / out) pixels
+        # beyond it: decode that margin too, so the result equals the whole-image path.
+        margin = 1 + math.ceil(max((scaled[2] - scaled[0]) / out[0], (scaled[3] - scaled[1]) / out[1]))
+        left, top = max(0, math.floor(scaled[0]) - margin), max(0, math.floor(scaled[1]) - margin)
+        right, bottom = min(sw, math.ceil(scaled[2]) + margin), min(sh, math.ceil(scaled[3]) + margin)
+        local = (scaled[0] - left, scaled[1] - top, scaled[2] - left, scaled[3] - top)
+    else:
+        # torch/cv2 resize the box rounded to whole pixels: decode exactly that (a contiguous array).
+        left, top, right, bottom = _pixel_box(scaled, sw, sh)
+        local = (0, 0, right - left, bottom - top)
+    region = jpeg.decode_box(data, k, (left, top, right, bottom))
+    return crop_resize(region, local, out, flip, resizer)
+
+
 def decode_crop(data, box: Box, out: Tuple[int, int], decoder: str = "simplejpeg",
                 size: Optional[Tuple[int, int]] = None, flip: bool = False, resizer: str = "torch") -> np.ndarray:
     """Decode only as many pixels as needed; ``box`` (source pixels) resized to ``out``: 3xHxW uint8."""
     width, height = size or image_size(data, decoder)
     k = _scale_for(width, height, box, out)
+    if decoder == "turbo" and jpeg.available and _is_jpeg(data):
+        try:
+            return _decode_box(data, k, width, height, box, out, flip, resizer)
+        except ValueError:   # CMYK, corrupt data (libjpeg warnings included): the whole-image path decides
+            decoder = "simplejpeg"
     image = _decode(data, k, width, height, decoder, "RGBX" if resizer == "pil" else "RGB")
     w, h = (image.size if isinstance(image, Image.Image) else (image.shape[1], image.shape[0]))
     sx, sy = w / width, h / height
