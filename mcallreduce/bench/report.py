@@ -513,10 +513,14 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"the ring 14 hops of 1/8 of it, and at this size a hop's cost hardly depends on its bytes. "
         f"The model prefers one color per host (2 hops) for <= 64 KiB here (tuning table), "
         f"predicting {next((r['speedup_vs_ring'] for r in tuning.get('8h1r', []) if r['size_bytes'] == 64 << 10), float('nan')):.1f}x "
-        f"over the ring.")
+        f"over the ring, but measured with `MCALLREDUCE_COLORS=8` it was 0.75-0.77 of the ring's time "
+        f"(2026-11-30), worse than 2 colors: each rank then handles 7 messages per phase, and at this size the "
+        f"cost of a message on the shared cores, not the hop count, decides. Binary, ternary and 4-ary trees "
+        f"measured alike (0.52-0.69, two or three runs each), and without the metadata check (one small MPI "
+        f"allreduce that both algorithms pay) 0.45-0.68.")
     out.append(
-        "* *Model accuracy.* Within ~10 % for >= 1 MiB (bandwidth, shaper, duplex and the Open MPI algorithms are "
-        "modelled); far off below 1 MiB, where the time is scheduling delay on the shared cores: the per-setup "
+        "* *Model accuracy.* Good for >= 1 MiB (bandwidth, shaper, duplex and the Open MPI algorithms are "
+        "modelled: see the table); far off below 1 MiB, where the time is scheduling delay on the shared cores: the per-setup "
         "barrier gives one latency for every hop, but small allreduces measured 0.2-4 ms per hop depending on "
         "the message size (e.g. every algorithm needs ~4 ms for 64 KiB on 4 hosts, ~0.2-1.7 ms for 4 KiB), "
         "which a constant alpha cannot follow. Horovod is modelled as MPI_Allreduce and misses its own "
