@@ -53,6 +53,16 @@ def test_token_bucket_passes_bursts_fast_then_the_rate():
     assert one_message(11000, m).time == pytest.approx(10e-6 + 10000 / 1e8, rel=1e-6)
 
 
+def test_back_to_back_calls_find_the_bucket_drained():
+    # one call passes at the burst speed; repeated ones cannot average above the rate
+    b = Builder(2, 10 ** 6)
+    b.transfer(0, 1, 0, 10 ** 6, reduce=False)
+    res = simulate(b.build("x"), plain(2, burst_bytes=2 * 10 ** 6, peak_Bps=1e10), itemsize=1)
+    assert res.time == pytest.approx(10e-6 + 10 ** 6 / 1e10)
+    assert res.steady_time == pytest.approx(10 ** 6 / 1e8)
+    assert simulate(b.build("x"), plain(2), itemsize=1).steady_time == pytest.approx(10e-6 + 10 ** 6 / 1e8)
+
+
 def test_incast_serialises_on_the_receiver_port():
     b = Builder(3, 10 ** 6)
     b.transfer(1, 0, 0, 10 ** 6, reduce=False)
