@@ -42,7 +42,10 @@ stamp="$venv/.mcallreduce-setup"
 # (the C sources too: the editable install compiles them in place)
 want=$(cat "$repo/scripts/setup_env.sh" "$repo/setup.py" "$repo"/scripts/requirements-*.txt "$repo"/mcallreduce/data/*.c \
        2>/dev/null | sha256sum | cut -c1-16)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ("mcallreduce", "mpi4py", "torch"))))' 2>/dev/null; then
+# the JPEG extension counts as installed too where it can be built (a deleted .so is rebuilt)
+modules='"mcallreduce", "mpi4py", "torch"'
+[ -f /usr/include/jpeglib.h ] && command -v cc >/dev/null 2>&1 && modules="$modules, \"mcallreduce.data._jpegroi\""
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ($modules))))" 2>/dev/null; then
   # Python side already set up with these exact inputs: only Horovod and its hook to check.
   "$repo/scripts/build_horovod.sh"
   exec "$py" -m mcallreduce.horovod.startup install
