@@ -106,6 +106,25 @@ def _choice(variable: str, value: str, allowed: Sequence[str]) -> str:
     return value
 
 
+# Across hosts, pipeline segments stay under Open MPI's TCP eager limit. A larger message
+# waits for the receiver's clear-to-send, and where a connection carries data both ways
+# (every rank pair of a star or a tree does; a ring's do not) that small reply queues
+# behind the receiver's own data: a two-way stream of 256 KiB messages between two
+# emulated hosts ran at 0.54-0.56 of the one-way rate, of 60 KiB messages at 0.97-1.00
+# (docs/benchmarks.md, "Two-way connections").
+EAGER_LIMIT_VARIABLE = "OMPI_MCA_btl_tcp_eager_limit"
+EAGER_LIMIT_BYTES = 64 << 10     # Open MPI's default btl_tcp_eager_limit (headers included)
+EAGER_HEADER_BYTES = 1 << 10     # room for the PML and BTL headers
+
+
+def inter_host_segment_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
+    """The largest segment that crosses hosts eagerly: the TCP eager limit less its headers,
+    in whole 4 KiB (``OMPI_MCA_btl_tcp_eager_limit`` when set, as mpirun --mca sets it)."""
+    value = (os.environ if environ is None else environ).get(EAGER_LIMIT_VARIABLE, "").strip()
+    limit = parse_size(value, EAGER_LIMIT_VARIABLE) if value else EAGER_LIMIT_BYTES
+    return max(4096, (limit - EAGER_HEADER_BYTES) // 4096 * 4096)
+
+
 @dataclass(frozen=True)
 class Config:
     """User choices; None means "auto" (decided per message by :func:`resolve`)."""
@@ -120,7 +139,7 @@ class Config:
     verbose: bool = False
     ranks_per_host: Optional[int] = None
     tuning_file: Optional[str] = None
-    inter_host_segment: int = 60 << 10    # inter_host_segment_bytes(): under the TCP eager limit
+    inter_host_segment: int = inter_host_segment_bytes({})   # Open MPI's default eager limit
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
@@ -212,25 +231,6 @@ STAR_MAX_HOSTS = 8         # up to this many hosts, one color per host (direct r
 # faster up to 256 KiB, slower from 1 MiB (docs/algorithms.md).
 DOUBLING_BYTES = SMALL_BYTES
 DOUBLING_PAIR_BYTES = 256 << 10
-# Across hosts, pipeline segments stay under Open MPI's TCP eager limit. A larger message
-# waits for the receiver's clear-to-send, and where a connection carries data both ways
-# (every rank pair of a star or a tree does; a ring's do not) that small reply queues
-# behind the receiver's own data: a two-way stream of 256 KiB messages between two
-# emulated hosts ran at 0.54 of the one-way rate, of 60 KiB messages at 1.00
-# (docs/benchmarks.md, "Two-way connections").
-EAGER_LIMIT_VARIABLE = "OMPI_MCA_btl_tcp_eager_limit"
-EAGER_LIMIT_BYTES = 64 << 10     # Open MPI's default btl_tcp_eager_limit (headers included)
-EAGER_HEADER_BYTES = 1 << 10     # room for the PML and BTL headers
-
-
-def inter_host_segment_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
-    """The largest segment that crosses hosts eagerly: the TCP eager limit less its headers,
-    in whole 4 KiB (``OMPI_MCA_btl_tcp_eager_limit`` when set, as mpirun --mca sets it)."""
-    value = (os.environ if environ is None else environ).get(EAGER_LIMIT_VARIABLE, "").strip()
-    limit = parse_size(value, EAGER_LIMIT_VARIABLE) if value else EAGER_LIMIT_BYTES
-    return max(4096, (limit - EAGER_HEADER_BYTES) // 4096 * 4096)
-
-
 def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
     if nbytes <= SMALL_BYTES:
         return 1

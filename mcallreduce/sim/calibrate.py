@@ -29,13 +29,14 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..config import inter_host_segment_bytes
+
 __all__ = ["fit", "fit_line", "fit_overhead", "rank_main", "run_calibration"]
 
 PING_SIZES = (8, 256, 1024, 2048, 4096, 16384, 32768)
 FIT_SIZES = (256, 4096)   # alpha and the burst speed come from sizes the shaper's bucket passes
 STREAM_BYTES = 8 << 20
 SEGMENT_BYTES = 256 << 10
-EAGER_SEGMENT_BYTES = 60 << 10   # under Open MPI's TCP eager limit: no rendezvous handshake
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple:
@@ -162,7 +163,8 @@ def rank_main(argv: Optional[List[str]] = None) -> int:
     raw["stream_Bps"] = _stream(comm, me, 1 - me, STREAM_BYTES, ns.stream_reps, both=False)
     raw["exchange_Bps"] = _stream(comm, me, 1 - me, STREAM_BYTES, ns.stream_reps, both=True)
     raw["seg_exchange_Bps"] = _seg_exchange(comm, 1 - me, SEGMENT_BYTES, 48, 4)
-    raw["eager_exchange_Bps"] = _seg_exchange(comm, 1 - me, EAGER_SEGMENT_BYTES, 192, 8)
+    # the runtime's inter-host segment (under the TCP eager limit: no rendezvous handshake)
+    raw["eager_exchange_Bps"] = _seg_exchange(comm, 1 - me, inter_host_segment_bytes(), 192, 8)
     if me == 0:   # gamma: numpy in-place add while the peer sleeps
         a, b = np.ones(1 << 20, np.float32), np.ones(1 << 20, np.float32)
         np.add(a, b, out=a)

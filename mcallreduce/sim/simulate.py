@@ -159,14 +159,14 @@ def simulate(schedule: Schedule, model: ClusterModel, itemsize: int = 4,
         for port, bw in hops:
             f0 = free.get(port, 0.0)
             st = start if start > f0 else f0
-            bw *= slow
+            rate, bw = bw, bw * slow
             if inter and burst and port[0] in ("tx", "rx"):
                 tok = tokens.get(port, burst)
                 if st > f0:
                     tok = min(burst, tok + (st - f0) * bw)
                 d = max(nbytes / peak, (nbytes - tok) / bw)
                 tokens[port] = min(burst, max(0.0, tok + d * bw - nbytes))
-                shaped[port] = shaped.get(port, 0.0) + nbytes / (bw / slow)   # seconds at the rate
+                shaped[port] = shaped.get(port, 0.0) + nbytes / rate   # seconds at the sustained rate
             else:
                 d = nbytes / bw
             fi = st + d
