@@ -8,6 +8,7 @@
 | MCALLREDUCE_FANOUT           | auto, or an integer >= 2       | auto       |
 | MCALLREDUCE_HIERARCHY        | auto, 1, 0                     | auto       |
 | MCALLREDUCE_PIPELINE_DEPTH   | an integer >= 1                | 4          |
+| MCALLREDUCE_SHM_BYTES        | a size (8M), 0 = off           | 8M         |
 | MCALLREDUCE_CHECK            | 1, 0                           | 1          |
 | MCALLREDUCE_VERBOSE          | 0, 1                           | 0          |
 | MCALLREDUCE_RANKS_PER_HOST   | auto, or an integer >= 1       | auto       |
@@ -125,6 +126,21 @@ def inter_host_segment_bytes(environ: Optional[Mapping[str, str]] = None) -> int
     return max(4096, (limit - EAGER_HEADER_BYTES) // 4096 * 4096)
 
 
+# On one host, multicolor reduces messages up to this size through a shared-memory window
+# (mcallreduce/shared.py) instead of point-to-point messages; each rank's window holds
+# two slots of this size. Measured crossover on the 2-core VM: docs/benchmarks.md.
+SHM_BYTES = 8 << 20
+
+
+def _shm_bytes(value: Optional[str]) -> int:
+    if value is None:
+        return SHM_BYTES
+    size = parse_size(value, "MCALLREDUCE_SHM_BYTES")
+    if size > 1 << 30:
+        raise ConfigError(f"MCALLREDUCE_SHM_BYTES={value!r}: allowed values are 0 (off) or a size up to 1G")
+    return size
+
+
 @dataclass(frozen=True)
 class Config:
     """User choices; None means "auto" (decided per message by :func:`resolve`)."""
@@ -140,6 +156,7 @@ class Config:
     ranks_per_host: Optional[int] = None
     tuning_file: Optional[str] = None
     inter_host_segment: int = inter_host_segment_bytes({})   # Open MPI's default eager limit
+    shm_bytes: int = SHM_BYTES
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
@@ -173,6 +190,7 @@ class Config:
             ranks_per_host=integer("RANKS_PER_HOST", 1),
             tuning_file=_existing_file(get("TUNING_FILE")),
             inter_host_segment=inter_host_segment_bytes(env),
+            shm_bytes=_shm_bytes(get("SHM_BYTES")),
         )
 
     def with_overrides(self, **kwargs) -> "Config":
@@ -263,15 +281,21 @@ def _slices(config: Config, colors: int, hosts: Sequence[Sequence[int]]) -> int:
 
 
 def resolve(config: Config, nbytes: int, itemsize: int,
-            hosts: Sequence[Sequence[int]]) -> Tuple[str, "Params"]:
-    """Concrete algorithm and schedule parameters for one message of ``nbytes``."""
+            hosts: Sequence[Sequence[int]], shared_slot: int = 0) -> Tuple[str, "Params"]:
+    """Concrete algorithm and schedule parameters for one message of ``nbytes``.
+
+    ``shared_slot``: bytes per slot of the caller's shared-memory window (0: none).
+    """
     from .algorithms import Params
     max_local = max(len(h) for h in hosts)
     nranks = sum(len(h) for h in hosts)
-    hit = _tuned(config, hosts, nbytes, itemsize)
-    # the latency regime (doubling) is the tuning table's or the size table's choice, and
+    # the shared-memory stage, the latency regime (doubling) and the tuning table apply
     # only while no multicolor knob is set
     knobs_unset = (config.colors, config.segment_bytes, config.fanout, config.hierarchy) == (None,) * 4
+    if (config.algorithm == "multicolor" and knobs_unset and len(hosts) == 1 and nranks > 1
+            and shared_slot > 0 and config.shm_bytes > 0 and nbytes <= min(config.shm_bytes, shared_slot)):
+        return "multicolor", Params(colors=nranks, hierarchical=True, depth=config.depth, shared=True)
+    hit = _tuned(config, hosts, nbytes, itemsize)
     if config.algorithm == "multicolor" and knobs_unset and (
             hit[0] == "doubling" if hit is not None else latency_bound(nbytes, nranks)):
         return "doubling", Params(segment=0, depth=config.depth)

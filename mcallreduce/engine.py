@@ -9,6 +9,13 @@ receives as ``Isend``/``Irecv`` on the user's buffer or the preallocated
 scratch, reductions as numpy in-place ufuncs. The loop blocks in ``Waitsome``
 (which releases the GIL) and never spins in Python.
 
+The metadata check is one small ``Iallreduce`` per call (libnbc) when ranks span
+hosts. On one host it is a point-to-point exchange of the metadata vectors between
+all ranks instead: there the shared-memory stage (mcallreduce/shared.py) uses that
+exchange as its first synchronisation, and every call, shared or not, must check the
+same way, or ranks that disagree about a call (one within the shared-memory size,
+one above it) would wait in two different exchanges instead of raising.
+
 Two ways to drive it:
 
 * caller-driven (default): ``Handle.wait()`` / ``test()`` progress under the
@@ -30,11 +37,12 @@ import numpy as np
 from mpi4py import MPI
 
 from .schedule import Op, apply_reduce
+from . import shared
 
 if TYPE_CHECKING:
     from .runtime import Context, Handle
 
-__all__ = ["OPS", "TAG_SPAN", "Engine"]
+__all__ = ["OPS", "TAG_SPAN", "MAX_SCHEDULE_TAGS", "Engine"]
 
 #: reduction operators: name -> (numpy ufunc, MPI op); "average" is "sum" then a scale
 OPS: Dict[str, Tuple[Callable, Any]] = {
@@ -42,7 +50,9 @@ OPS: Dict[str, Tuple[Callable, Any]] = {
     "min": (np.minimum, MPI.MIN), "max": (np.maximum, MPI.MAX), "product": (np.multiply, MPI.PROD),
 }
 TAG_SPAN = 1 << 20   # tags per allreduce: seq window w uses tags [w * TAG_SPAN, (w + 1) * TAG_SPAN)
-_CHECK, _MPI = -1, -2  # owner markers for the metadata check and "mpi" collectives
+META_TAG, SYNC_TAG = TAG_SPAN - 1, TAG_SPAN - 2   # a window's last tags: check, shared sync 2
+MAX_SCHEDULE_TAGS = TAG_SPAN - 2                  # the rest are the schedule's
+_CHECK, _MPI, _SYNC = -1, -2, -3  # owner markers: metadata check, "mpi" collective, shared sync 2
 
 
 class _RunState:
@@ -82,8 +92,16 @@ class Engine:
         self._thread_lock = threading.Lock()
         self._stop = False
         self._wake_comm: Optional[MPI.Comm] = None
+        self._shared_queue: Deque["Handle"] = collections.deque()   # one shared call at a time
+        self._shared_busy: Optional["Handle"] = None
+        self._nothing = np.empty(0, np.uint8)   # the payload of sync 2
 
     # ------------------------------------------------------------------ submission
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and no progress thread: a blocking call may run on its own."""
+        return self._thread is None and not self.active
+
     def submit(self, h: "Handle") -> None:
         if self._thread is not None:
             self._queue.append(h)
@@ -100,10 +118,72 @@ class Engine:
             h._finish()
             return
         self.active[window] = h
-        if h._meta is None:
+        if h.shared:
+            self._shared_queue.append(h)
+            self._next_shared()
+        elif h._meta is None:
             self._start(h)
+        elif self.ctx.shared is not None:
+            self._exchange_meta(h)
         else:
+            h._pending = 1
             self._post(self.ctx.ctl.Iallreduce(h._meta, h._meta_out, op=MPI.MAX), h, _CHECK)
+
+    def _exchange(self, h: "Handle", tag: int, send, recv, owner: int) -> None:
+        """Post a send to and a receive from every other rank (a barrier that carries data)."""
+        comm, rank = self.ctx.comm, self.ctx.rank
+        tag += (h.seq % self.ctx.windows) * TAG_SPAN
+        h._pending = 2 * (self.ctx.size - 1)
+        for q in range(self.ctx.size):
+            if q != rank:
+                self._post(comm.Irecv(recv(q), q, tag), h, owner)
+                self._post(comm.Isend(send, q, tag), h, owner)
+
+    def _exchange_meta(self, h: "Handle") -> None:
+        """The single-host metadata check: every rank's vector to every other rank."""
+        h._metas = np.empty((self.ctx.size, h._meta.size), np.int64)
+        h._metas[self.ctx.rank] = h._meta
+        self._exchange(h, META_TAG, h._meta, lambda q: h._metas[q], _CHECK)
+
+    def _checked(self, h: "Handle") -> None:
+        """All of the check's requests are done: raise everywhere, or go on."""
+        if h._metas is not None:
+            np.max(h._metas, axis=0, out=h._meta_out)   # what the MAX Iallreduce would give
+        h._check_meta()
+        if h.error is not None:
+            self._retire(h)
+        elif h.shared:
+            self._shared_reduce(h)
+        else:
+            self._start(h)
+
+    # ------------------------------------------------------------------ shared memory (one host)
+    def _next_shared(self) -> None:
+        """Publish the next queued shared-memory call and post its sync 1 (the meta exchange)."""
+        if self._shared_busy is not None or not self._shared_queue:
+            return
+        h = self._shared_busy = self._shared_queue.popleft()
+        win = self.ctx.shared
+        h._areas = win.areas(h.arr.dtype, h.arr.size)
+        scale = None if h.pre == 1.0 else h._prescale
+        shared.publish(h.arr, h._areas[self.ctx.rank], self.ctx.rank, self.ctx.size, scale)
+        win.sync()
+        self._exchange_meta(h)
+
+    def _shared_reduce(self, h: "Handle") -> None:
+        win = self.ctx.shared
+        win.sync()
+        rank = self.ctx.rank
+        data = shared.sources(h._areas[:-1], h.arr, rank, h.pre != 1.0)
+        shared.reduce_color(data, h._areas[-1], rank, OPS[h.op][0])
+        win.sync()
+        self._exchange(h, SYNC_TAG, self._nothing, lambda q: self._nothing, _SYNC)
+
+    def _shared_collect(self, h: "Handle") -> None:
+        self.ctx.shared.sync()
+        shared.collect(h.arr, h._areas[-1])
+        h._areas = None
+        self._retire(h)
 
     def _post(self, req: MPI.Request, h: "Handle", step: int) -> None:
         self.reqs.append(req)
@@ -163,6 +243,9 @@ class Engine:
     def _retire(self, h: "Handle") -> None:
         self.active.pop(h.seq % self.ctx.windows, None)
         h._finish()
+        if h is self._shared_busy:
+            self._shared_busy = None
+            self._next_shared()
 
     # ------------------------------------------------------------------ progress
     def progress(self, block: bool, until: Optional["Handle"] = None) -> None:
@@ -205,11 +288,13 @@ class Engine:
             if i == _MPI:
                 self._retire(h)
             elif i == _CHECK:
-                h._check_meta()
-                if h.error is not None:
-                    self._retire(h)
-                else:
-                    self._start(h)
+                h._pending -= 1
+                if h._pending == 0:
+                    self._checked(h)
+            elif i == _SYNC:
+                h._pending -= 1
+                if h._pending == 0:
+                    self._shared_collect(h)
             else:
                 st = self._state[h.seq]
                 st.complete(i)

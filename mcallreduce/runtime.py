@@ -10,6 +10,7 @@ error on every rank instead of a hang.
 """
 from __future__ import annotations
 
+import atexit
 import sys
 import threading
 from typing import Any, Dict, List, Optional
@@ -20,9 +21,10 @@ from mpi4py import MPI
 from .algorithms import Params, build_schedule
 from . import config as _config
 from .config import ALGORITHMS, Config, ConfigError, resolve
-from .engine import OPS, TAG_SPAN, Engine
+from .engine import MAX_SCHEDULE_TAGS, META_TAG, OPS, SYNC_TAG, TAG_SPAN, Engine
 from .errors import MismatchError
 from .schedule import Schedule
+from . import shared as _shared
 
 __all__ = ["Context", "Handle", "allreduce", "allreduce_async", "start_progress_thread", "OPS", "DTYPES"]
 
@@ -32,7 +34,7 @@ _DTYPE_CODE = {np.dtype(name): i + 1 for i, name in enumerate(DTYPES)}
 _ALGO_CODE = {name: i + 1 for i, name in enumerate(ALGORITHMS)}
 _OP_CODE = {name: i + 1 for i, name in enumerate(OPS)}
 _CHECK_FIELDS = ("element count", "dtype", "algorithm", "op", "colors", "segment", "fanout",
-                 "hierarchy", "pipeline depth", "scale factors")
+                 "hierarchy", "pipeline depth", "shared-memory stage", "scale factors")
 _REJECT_REASONS = {1: "unsupported buffer", 2: "invalid configuration"}
 
 
@@ -75,6 +77,53 @@ def scale_(arr: np.ndarray, factor: float) -> None:
         arr[...] = (arr.astype(np.float64) * factor).astype(arr.dtype)
 
 
+# ---------------------------------------------------------------------------- shared memory
+
+class SharedWindow:
+    """The MPI shared-memory window of a single-host communicator: p slots and a result area.
+
+    Created collectively with the library's duplicate of the communicator, kept for the
+    life of the process, freed at exit (before mpi4py finalizes MPI). The window is
+    locked once for passive-target access; ``sync`` (MPI_Win_sync) orders this rank's
+    loads and stores against the messages that tell peers a slot is ready.
+    """
+
+    def __init__(self, comm: MPI.Comm, slot_bytes: int):
+        self.nranks, self.rank = comm.Get_size(), comm.Get_rank()
+        self.slot_bytes = -(-slot_bytes // _shared.ALIGN) * _shared.ALIGN
+        total = _shared.areas(self.nranks) * self.slot_bytes
+        # rank 0 allocates the whole window, so the slots are one contiguous mapping
+        self.win = MPI.Win.Allocate_shared(total if self.rank == 0 else 0, 1, comm=comm)
+        base, _ = self.win.Shared_query(0)
+        self.mem = np.frombuffer(base, dtype=np.uint8, count=total)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        atexit.register(self.free)
+
+    @classmethod
+    def create(cls, comm: MPI.Comm, slot_bytes: int) -> Optional["SharedWindow"]:
+        """A window when every rank of ``comm`` shares this host's memory, else None (collective)."""
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        together = node.Get_size() == comm.Get_size()
+        node.Free()
+        if not together or slot_bytes <= 0 or comm.Get_size() < 2:
+            return None
+        return cls(comm, slot_bytes)
+
+    def areas(self, dtype: np.dtype, nelem: int) -> List[np.ndarray]:
+        """Every rank's slot, then the result area, as ``nelem`` elements of ``dtype``."""
+        return [np.frombuffer(self.mem, dtype=dtype, count=nelem, offset=i * self.slot_bytes)
+                for i in range(_shared.areas(self.nranks))]
+
+    def sync(self) -> None:
+        self.win.Sync()
+
+    def free(self) -> None:
+        if self.win is not None and not MPI.Is_finalized():
+            self.win.Unlock_all()
+            self.win.Free()
+        self.win = None
+
+
 # ---------------------------------------------------------------------------- context
 
 class Context:
@@ -90,6 +139,9 @@ class Context:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.hosts = self._hosts(comm, config.ranks_per_host)
+        # one host: multicolor's local stages through shared memory (mcallreduce/shared.py),
+        # and every call's metadata check is a point-to-point exchange (engine.py says why)
+        self.shared = SharedWindow.create(self.comm, config.shm_bytes) if len(self.hosts) == 1 else None
         self.engine = Engine(self)
         self._plans: Dict[tuple, Plan] = {}
         self.submit_lock = threading.Lock()   # allreduces get their sequence number in call order
@@ -123,6 +175,8 @@ class Context:
             plan = self._plans[key] = Plan(self, config, nelem, dtype, op, pre, post)
             if config.verbose and self.rank == 0:   # once per new kind of call, not per call
                 what = plan.schedule.describe() if plan.schedule is not None else plan.algorithm
+                if plan.params.shared:
+                    what = f"{plan.algorithm}(colors={plan.params.colors}, shared memory)"
                 print(f"mcallreduce: {nelem} x {dtype} {op} on {self.size} ranks / {len(self.hosts)} hosts "
                       f"-> {what}", file=sys.stderr, flush=True)
         return plan
@@ -151,18 +205,23 @@ class Plan:
 
     def __init__(self, ctx: Context, config: Config, nelem: int, dtype: np.dtype, op: str,
                  pre: float, post: float):
-        self.algorithm, self.params = resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts)
+        slot = ctx.shared.slot_bytes if ctx.shared is not None else 0
+        self.algorithm, self.params = resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, slot)
         self.post = post / ctx.size if op == "average" else post
         self.schedule: Optional[Schedule] = None
-        if self.algorithm != "mpi":
+        if self.algorithm != "mpi" and not self.params.shared:
             self.schedule = build_schedule(self.algorithm, ctx.hosts, nelem, self.params)
-            if self.schedule.max_tag >= TAG_SPAN:
+            if self.schedule.max_tag >= MAX_SCHEDULE_TAGS:
                 raise ValueError(f"mcallreduce: {self.schedule.max_tag + 1} messages per rank pair exceed "
-                                 f"{TAG_SPAN}; use a larger MCALLREDUCE_SEGMENT_BYTES")
+                                 f"{MAX_SCHEDULE_TAGS}; use a larger MCALLREDUCE_SEGMENT_BYTES")
         self.meta: Optional[np.ndarray] = None
-        if config.check:
+        if config.check or self.params.shared:   # the shared stage's first sync carries it anyway
             scale_key = hash((float(pre), float(post))) & ((1 << 40) - 1)
             self.meta = _meta_vector(ctx.rank, nelem, dtype, self.algorithm, op, self.params, scale_key, 0)
+        # _shared_now's window views, meta buffers and peers, made on its first use
+        self.areas: Optional[List[np.ndarray]] = None
+        self.metas: Optional[np.ndarray] = None
+        self.metas_ok, self.peers = b"", []
 
 
 # ---------------------------------------------------------------------------- one allreduce
@@ -172,8 +231,9 @@ class Handle:
 
     def __init__(self, ctx: Context, result: Any, arr: np.ndarray, algorithm: str,
                  schedule: Optional[Schedule], op: str, meta: Optional[np.ndarray], pre: float, post: float,
-                 local_error: Optional[BaseException]):
+                 local_error: Optional[BaseException], shared: bool = False):
         self.ctx, self.result, self.arr, self.algorithm = ctx, result, arr, algorithm
+        self.shared = shared   # multicolor's single-host stages through the shared window
         self.schedule, self.op, self.pre, self.post = schedule, op, pre, post
         self.error: Optional[BaseException] = None
         self._local_error = local_error
@@ -182,6 +242,9 @@ class Handle:
         self._event = threading.Event() if ctx.engine.threaded else None
         self._meta = meta
         self._meta_out = None if meta is None else np.empty_like(meta)
+        self._pending = 0       # requests of the current check or sync still outstanding
+        self._metas: Optional[np.ndarray] = None   # every rank's meta (point-to-point check)
+        self._areas: Optional[List[np.ndarray]] = None   # the shared window's slots and result
         self.seq = ctx.next_seq()
         ctx.engine.submit(self)
 
@@ -209,24 +272,15 @@ class Handle:
     # -- engine side
     def _check_meta(self) -> None:
         """Turn the allreduced metadata into an error raised on every rank, or None."""
-        n = len(self._meta) // 2
-        high, low = self._meta_out[:n], -self._meta_out[n:]
-        reject_rank, reason = int(-self._meta_out[n]), int(high[0])
-        if reason:  # some rank rejected its own arguments before the exchange
-            self.error = self._local_error or MismatchError(
-                f"mcallreduce: rank {reject_rank} rejected the allreduce "
-                f"({_REJECT_REASONS.get(reason, 'error')}); see that rank's error")
-            return
-        for i, name in enumerate(_CHECK_FIELDS):
-            if high[i + 1] != low[i + 1]:
-                self.error = MismatchError(
-                    f"mcallreduce: {name} differs across ranks (from {low[i + 1]} to {high[i + 1]}); "
-                    "every rank must pass the same element count and dtype and use the same MCALLREDUCE_* settings")
-                return
+        self.error = _mismatch(self._meta_out, self._local_error)
 
     def _begin(self) -> None:
         """Called once the metadata check passed: only now may the buffer change."""
         scale_(self.arr, self.pre)
+
+    def _prescale(self, copy: np.ndarray) -> None:
+        """The shared stage prescales its copy in the window instead (before the check)."""
+        scale_(copy, self.pre)
 
     def _finish(self) -> None:
         if self.error is None:
@@ -236,10 +290,65 @@ class Handle:
             self._event.set()
 
 
+def _mismatch(meta_out: np.ndarray, local_error: Optional[BaseException]) -> Optional[BaseException]:
+    """The error every rank raises for the MAX-reduced metadata ``meta_out``, or None."""
+    n = len(meta_out) // 2
+    high, low = meta_out[:n], -meta_out[n:]
+    reject_rank, reason = int(-meta_out[n]), int(high[0])
+    if reason:  # some rank rejected its own arguments before the exchange
+        return local_error or MismatchError(
+            f"mcallreduce: rank {reject_rank} rejected the allreduce "
+            f"({_REJECT_REASONS.get(reason, 'error')}); see that rank's error")
+    for i, name in enumerate(_CHECK_FIELDS):
+        if high[i + 1] != low[i + 1]:
+            return MismatchError(
+                f"mcallreduce: {name} differs across ranks (from {low[i + 1]} to {high[i + 1]}); "
+                "every rank must pass the same element count and dtype and use the same MCALLREDUCE_* settings")
+    return None
+
+
+def _shared_now(ctx: Context, arr: np.ndarray, plan: Plan, op: str, pre: float, seq: int) -> None:
+    """A blocking shared-memory allreduce while the engine is idle: the engine's shared path
+    (publish, sync 1 = the check, reduce, sync 2, collect) without a handle or request
+    bookkeeping. At 4 KiB the Python around the copies is most of a call's time."""
+    win, rank, comm = ctx.shared, ctx.rank, ctx.comm
+    if plan.areas is None:
+        plan.areas = win.areas(arr.dtype, arr.size)
+        plan.metas = np.empty((ctx.size, plan.meta.size), np.int64)
+        plan.metas[rank] = plan.meta
+        plan.metas_ok = np.tile(plan.meta, ctx.size).tobytes()
+        plan.peers = [q for q in range(ctx.size) if q != rank]
+    areas, metas, peers = plan.areas, plan.metas, plan.peers
+    scale = None if pre == 1.0 else (lambda copy: scale_(copy, pre))
+    _shared.publish(arr, areas[rank], rank, ctx.size, scale)
+    win.sync()
+    tag = (seq % ctx.windows) * TAG_SPAN
+    reqs = [comm.Irecv(metas[q], q, tag + META_TAG) for q in peers]
+    reqs += [comm.Isend(plan.meta, q, tag + META_TAG) for q in peers]
+    MPI.Request.Waitall(reqs)
+    if metas.tobytes() != plan.metas_ok:
+        error = _mismatch(metas.max(axis=0), None)
+        if error is not None:
+            raise error
+    win.sync()
+    _shared.reduce_color(_shared.sources(areas[:-1], arr, rank, scale is not None), areas[-1], rank, OPS[op][0])
+    win.sync()
+    reqs = [comm.Irecv(_NOTHING, q, tag + SYNC_TAG) for q in peers]
+    reqs += [comm.Isend(_NOTHING, q, tag + SYNC_TAG) for q in peers]
+    MPI.Request.Waitall(reqs)
+    win.sync()
+    _shared.collect(arr, areas[-1])
+    scale_(arr, plan.post)
+
+
+_NOTHING = np.empty(0, np.uint8)   # the payload of sync 2
+
+
 def _meta_vector(rank: int, nelem: int, dtype: np.dtype, algorithm: str, op: str, params: Params,
                  scale_key: int, reject: int) -> np.ndarray:
     fields = [reject, nelem, _DTYPE_CODE.get(dtype, 0), _ALGO_CODE.get(algorithm, 0), _OP_CODE.get(op, 0),
-              params.colors, params.segment, params.fanout or 0, int(params.hierarchical), params.depth, scale_key]
+              params.colors, params.segment, params.fanout or 0, int(params.hierarchical), params.depth,
+              int(params.shared), scale_key]
     vec = np.array(fields, dtype=np.int64)
     # MAX over [x, -x] yields max and min of every field in one allreduce; slot n carries
     # the lowest rejecting rank (as -rank) so every rank can name it.
@@ -262,6 +371,13 @@ def allreduce_async(buf: Any, op: str = "sum", prescale: float = 1.0, postscale:
     ``overrides`` (colors=, segment_bytes=, fanout=, hierarchy=, depth=) take
     precedence over the ``MCALLREDUCE_*`` environment.
     """
+    return _submit(buf, op, prescale, postscale, comm, algorithm, out, check, overrides, False)
+
+
+def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional[MPI.Comm],
+            algorithm: Optional[str], out: Any, check: Optional[bool], overrides: Dict[str, Any],
+            blocking: bool) -> Any:
+    """A Handle, or, for ``blocking`` calls that run at once, the result."""
     ctx = Context.get(comm)
     config = _config.current().with_overrides(algorithm=algorithm, check=check, **overrides)
     result = out if out is not None else buf
@@ -288,8 +404,20 @@ def allreduce_async(buf: Any, op: str = "sum", prescale: float = 1.0, postscale:
         meta = _meta_vector(ctx.rank, 0, None, config.algorithm, op, Params(), 0, reject)
         with ctx.submit_lock:
             return Handle(ctx, result, np.zeros(0, np.float32), config.algorithm, None, op, meta, 1.0, 1.0, exc)
+    if blocking and plan.params.shared:
+        # Same lock order as a Handle's submission; not blocking on the engine's lock,
+        # which a progress thread holds for its whole life.
+        with ctx.submit_lock:
+            if ctx.engine.lock.acquire(blocking=False):
+                try:
+                    if ctx.engine.idle:
+                        _shared_now(ctx, arr, plan, op, prescale, ctx.next_seq())
+                        return result
+                finally:
+                    ctx.engine.lock.release()
     with ctx.submit_lock:
-        return Handle(ctx, result, arr, plan.algorithm, plan.schedule, op, plan.meta, prescale, plan.post, None)
+        return Handle(ctx, result, arr, plan.algorithm, plan.schedule, op, plan.meta, prescale, plan.post, None,
+                      plan.params.shared)
 
 
 def start_progress_thread(comm: Optional[MPI.Comm] = None) -> None:
@@ -310,4 +438,5 @@ def allreduce(buf: Any, op: str = "sum", prescale: float = 1.0, postscale: float
     See :func:`allreduce_async` for the arguments. Raises on every rank if the
     ranks disagree on the element count, dtype or configuration.
     """
-    return allreduce_async(buf, op, prescale, postscale, comm, algorithm, out, check, **overrides).wait()
+    started = _submit(buf, op, prescale, postscale, comm, algorithm, out, check, overrides, True)
+    return started.wait() if isinstance(started, Handle) else started

@@ -75,6 +75,32 @@ def test_size_table():
     assert algo == "ring" and p.segment == (256 << 10) // 4
 
 
+def test_shared_memory_stage_on_one_host_only():
+    one_host, two_hosts = [[0, 1, 2]], [[0, 1], [2, 3]]
+    slot = 8 << 20
+    for nbytes in (0, 4 << 10, 1 << 20, 8 << 20):
+        algo, p = resolve(Config(), nbytes, 4, one_host, shared_slot=slot)
+        assert (algo, p.shared, p.colors) == ("multicolor", True, 3)   # every local rank a color
+    assert not resolve(Config(), (8 << 20) + 4, 4, one_host, shared_slot=slot)[1].shared   # above the limit
+    assert not resolve(Config(), 1 << 20, 4, one_host)[1].shared                  # no window: messages
+    assert not resolve(Config(), 0, 4, one_host)[1].shared
+    assert not resolve(Config(shm_bytes=0), 0, 4, one_host, shared_slot=slot)[1].shared
+    assert not resolve(Config(), 1 << 20, 4, two_hosts, shared_slot=slot)[1].shared
+    assert not resolve(Config(shm_bytes=0), 1 << 20, 4, one_host, shared_slot=slot)[1].shared
+    assert not resolve(Config(shm_bytes=1 << 20), 2 << 20, 4, one_host, shared_slot=slot)[1].shared
+    assert not resolve(Config(), 1 << 20, 4, one_host, shared_slot=512 << 10)[1].shared   # the window's size
+    assert not resolve(Config(), 1 << 20, 4, [[0]], shared_slot=slot)[1].shared   # one rank: nothing to do
+    for forced in (Config(colors=2), Config(segment_bytes=0), Config(hierarchy=True), Config(algorithm="ring"),
+                   Config(algorithm="doubling"), Config(algorithm="mpi")):
+        assert not resolve(forced, 1 << 20, 4, one_host, shared_slot=slot)[1].shared, forced
+    assert Config.from_env({"MCALLREDUCE_SHM_BYTES": "1M"}).shm_bytes == 1 << 20
+    assert Config.from_env({"MCALLREDUCE_SHM_BYTES": "0"}).shm_bytes == 0
+    assert Config.from_env({}).shm_bytes == 8 << 20
+    for bad in ("lots", "2G"):
+        with pytest.raises(ConfigError, match="MCALLREDUCE_SHM_BYTES"):
+            Config.from_env({"MCALLREDUCE_SHM_BYTES": bad})
+
+
 def test_inter_host_segment_follows_the_tcp_eager_limit():
     from mcallreduce.config import inter_host_segment_bytes
     assert inter_host_segment_bytes({}) == 60 << 10                    # 64 KiB less the headers

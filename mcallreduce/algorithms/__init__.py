@@ -31,6 +31,8 @@ class Params:
     fanout: Optional[int] = None  # multicolor: minimum children per interior node (None: max(2, colors))
     hierarchical: bool = True    # multicolor: reduce inside hosts first
     depth: int = 4               # scratch slots per (peer, color): segments in flight
+    shared: bool = False         # multicolor on one host through a shared-memory window
+                                 # (mcallreduce/shared.py): no schedule, no messages but syncs
 
 
 def build_schedule(name: str, hosts: Sequence[Sequence[int]], nelem: int, params: Params) -> Schedule:

@@ -148,6 +148,23 @@ def length_mismatch_raises_on_every_rank():
 
 
 @case
+def lengths_either_side_of_the_shared_memory_limit_raise_everywhere():
+    # one rank within MCALLREDUCE_SHM_BYTES (shared memory), one above it (messages): both must
+    # meet in the same metadata exchange and raise, not wait in two different protocols
+    limit = config.current().shm_bytes // 4
+    n = limit + 1000 if rank == size - 1 else max(limit - 1000, 1)
+    buf = np.ones(n, np.float32)
+    msg = raises(MismatchError, lambda: mcallreduce.allreduce(buf))
+    assert "element count" in msg, msg
+    assert np.all(buf == 1.0)
+    handle = mcallreduce.allreduce_async(np.ones(n, np.float32))
+    assert "element count" in raises(MismatchError, handle.wait)
+    x = data(1000, np.float32)
+    mcallreduce.allreduce(x)   # still usable
+    assert np.array_equal(x, expected(1000, np.float32))
+
+
+@case
 def dtype_mismatch_raises_on_every_rank():
     dtype = np.float64 if rank == 0 else np.float32
     msg = raises(MismatchError, lambda: mcallreduce.allreduce(np.ones(10, dtype)))

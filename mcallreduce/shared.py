@@ -1,0 +1,90 @@
+"""Multicolor on one host through a shared-memory window (no MPI import here).
+
+When every rank of a communicator shares one host, multicolor's hierarchy has only
+its local stages: every local rank reduces one color (a contiguous slice of the
+buffer) from all ranks' data, then every rank gathers all colors. Through messages
+that is two dependent rounds of point-to-point copies after a metadata check, three
+synchronisations in all. Through a window that every local rank maps, it is:
+
+1. **publish**: each rank copies its buffer (prescaled) into its slot of the window,
+   all but its own color when there is no prescale (it reduces that from its buffer);
+   *sync 1*: each rank sends its metadata vector to every other rank. Once all of
+   them have arrived, every rank's data is in the window and every rank has checked
+   that the calls match: the cross-rank check costs nothing extra, it *is* the
+   synchronisation.
+2. **reduce**: rank c folds color c of every slot, in rank order, into color c of
+   the result area. *sync 2*: a zero-byte message to every other rank.
+3. **collect**: each rank copies the result area into its buffer.
+
+Each value is computed once, by its color's owner, so every rank holds bitwise the
+same result, and the fold order is fixed, so repeated runs agree too.
+
+Why two syncs suffice from one call to the next (the engine runs one shared-memory
+call at a time, in call order: mcallreduce/engine.py): a rank publishes call k+1
+only after every peer's sync 2 of call k, so no peer still reads its slot; it writes
+the result area in call k+1 only after every peer's sync 1 of call k+1, which a peer
+sends only once it has collected call k. (If that peer's call k+1 is not a shared
+one, the two calls differ, the check fails on every rank and nobody writes.)
+
+The functions below work on plain numpy views of the window, so the in-process tests
+run exactly this code over p virtual ranks (tests/test_shared_stage.py); the runtime
+maps the views onto an MPI shared-memory window (runtime.SharedWindow).
+Cost: docs/algorithms.md, "Shared memory (one host)".
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .schedule import split_even
+
+__all__ = ["ALIGN", "areas", "colors", "publish", "sources", "reduce_color", "collect"]
+
+ALIGN = 4096   # slots start on page boundaries
+
+
+def areas(nranks: int) -> int:
+    """Areas of one slot size in the window: one slot per rank, then the result area."""
+    return nranks + 1
+
+
+def colors(nelem: int, nranks: int) -> List[Tuple[int, int]]:
+    """(offset, count) of every color: color c is reduced by local rank c."""
+    return split_even(nelem, nranks)
+
+
+def publish(arr: np.ndarray, slot: np.ndarray, color: int, nranks: int,
+            scale: Optional[Callable[[np.ndarray], None]]) -> None:
+    """Step 1 on local rank ``color``: copy this rank's buffer into its slot. With a ``scale``
+    (the prescale, applied to the copy: the caller's buffer stays untouched until the check
+    has passed) all of it; without, all but the rank's own color, which :func:`reduce_color`
+    then reads from the buffer itself (a 1 MiB call on 2 ranks copies 512 KiB less)."""
+    if scale is not None:
+        slot[...] = arr
+        scale(slot)
+        return
+    lo, count = colors(arr.size, nranks)[color]
+    slot[:lo] = arr[:lo]
+    slot[lo + count:] = arr[lo + count:]
+
+
+def sources(slots: Sequence[np.ndarray], arr: np.ndarray, color: int, scaled: bool) -> List[np.ndarray]:
+    """Where :func:`reduce_color` on local rank ``color`` reads each rank's data: the slots,
+    but its own buffer for its own data when :func:`publish` did not copy that."""
+    return list(slots) if scaled else [arr if q == color else s for q, s in enumerate(slots)]
+
+
+def reduce_color(data: Sequence[np.ndarray], result: np.ndarray, color: int, ufunc: Callable) -> None:
+    """Step 2, on local rank ``color``: result = op(...op(op(data 0, data 1), data 2)..., data p-1)
+    over color ``color`` (at least two ranks; ``data`` from :func:`sources`)."""
+    lo, count = colors(result.size, len(data))[color]
+    out = result[lo:lo + count]
+    ufunc(data[0][lo:lo + count], data[1][lo:lo + count], out=out)
+    for other in data[2:]:
+        ufunc(out, other[lo:lo + count], out=out)
+
+
+def collect(arr: np.ndarray, result: np.ndarray) -> None:
+    """Step 3: copy the result area into ``arr``."""
+    arr[...] = result
