@@ -127,8 +127,9 @@ def inter_host_segment_bytes(environ: Optional[Mapping[str, str]] = None) -> int
 
 
 # On one host, multicolor reduces messages up to this size through a shared-memory window
-# (mcallreduce/shared.py) instead of point-to-point messages; each rank's window holds
-# two slots of this size. Measured crossover on the 2-core VM: docs/benchmarks.md.
+# (mcallreduce/shared.py) instead of point-to-point messages; the window holds p + 1 areas
+# of this size per communicator. Measured against messages on the 2-core VM (ahead up to
+# 8 MiB and beyond; the limit bounds the window): docs/benchmarks.md.
 SHM_BYTES = 8 << 20
 
 

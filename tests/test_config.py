@@ -19,10 +19,11 @@ def test_parse_size(text, value):
 def test_every_variable_is_read():
     env = {"MCALLREDUCE_ALGORITHM": "ring", "MCALLREDUCE_COLORS": "3", "MCALLREDUCE_SEGMENT_BYTES": "128K",
            "MCALLREDUCE_FANOUT": "4", "MCALLREDUCE_HIERARCHY": "0", "MCALLREDUCE_PIPELINE_DEPTH": "2",
-           "MCALLREDUCE_CHECK": "0", "MCALLREDUCE_VERBOSE": "1", "MCALLREDUCE_RANKS_PER_HOST": "2"}
+           "MCALLREDUCE_CHECK": "0", "MCALLREDUCE_VERBOSE": "1", "MCALLREDUCE_RANKS_PER_HOST": "2",
+           "MCALLREDUCE_SHM_BYTES": "2M"}
     c = Config.from_env(env)
     assert (c.algorithm, c.colors, c.segment_bytes, c.fanout, c.hierarchy, c.depth, c.check, c.verbose,
-            c.ranks_per_host) == ("ring", 3, 128 << 10, 4, False, 2, False, True, 2)
+            c.ranks_per_host, c.shm_bytes) == ("ring", 3, 128 << 10, 4, False, 2, False, True, 2, 2 << 20)
 
 
 @pytest.mark.parametrize("name,value,hint", [
