@@ -170,10 +170,16 @@ def test_duplex_measures_one_way_and_two_way_streams(cluster):
 
 @needs_cluster
 def test_a_hung_job_is_killed_with_its_ranks(cluster):
+    import glob
+    sessions = set(glob.glob("/tmp/ompi.*/*"))   # the daemons' session directories
     proc = cluster.run([sys.executable, "-c", "import time; time.sleep(120)"], timeout=5)
     assert proc.returncode == -9 and "timeout" in proc.stderr
     for ns in (cluster.host_ns(0), cluster.host_ns(1)):
         assert subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout == ""
+    # killed daemons cannot remove their session directories; every job gets a base of its
+    # own, removed by the launcher (they used to pile up in /tmp/ompi.<host>.0, one per kill)
+    assert set(glob.glob("/tmp/ompi.*/*")) - sessions == set()
+    assert glob.glob(f"/tmp/{PREFIX}-ompi-*") == []
 
 
 # ---------------------------------------------------------------- down and crash recovery

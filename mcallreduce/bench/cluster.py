@@ -27,6 +27,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -396,23 +397,30 @@ exec ip netns exec "$ns" unshare --uts /bin/sh -c \
         hosts and reported with returncode -9, so a hung collective fails instead of stalling.
         """
         require_root()
-        cmd = self.mpirun_argv(argv, np=np, env=env, mca=mca, extra=extra)
+        # The daemons on the emulated hosts keep their session directories under /tmp and
+        # leave them behind (a killed job always does): one fresh base per job, removed after.
+        session = tempfile.mkdtemp(prefix=f"{self.prefix}-ompi-")
+        cmd = self.mpirun_argv(argv, np=np, env=env, mca={"orte_tmpdir_base": session, **(mca or {})},
+                               extra=extra)
         full_env = dict(os.environ)
         full_env.update(env or {})
         pipe = subprocess.PIPE if capture else None
-        proc = subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, env=full_env,
-                                start_new_session=True)
         try:
-            out, err = proc.communicate(timeout=timeout)
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            self._kill_processes_in(self._mine(namespaces()))
-            out, err = proc.communicate()
-            code = -9
-            err = (err or "") + f"\n[cluster] killed after {timeout:.0f}s timeout\n"
-            if not capture:
-                say(f"killed after {timeout:.0f}s timeout")
+            proc = subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, env=full_env,
+                                    start_new_session=True)
+            try:
+                out, err = proc.communicate(timeout=timeout)
+                code = proc.returncode
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                self._kill_processes_in(self._mine(namespaces()))
+                out, err = proc.communicate()
+                code = -9
+                err = (err or "") + f"\n[cluster] killed after {timeout:.0f}s timeout\n"
+                if not capture:
+                    say(f"killed after {timeout:.0f}s timeout")
+        finally:
+            shutil.rmtree(session, ignore_errors=True)
         result = subprocess.CompletedProcess(cmd, code, out, err)
         if check and code != 0:
             raise ClusterError(f"MPI job failed ({code}): {' '.join(cmd)}\n--- stdout\n{out}\n--- stderr\n{err}")
