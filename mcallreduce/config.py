@@ -108,11 +108,12 @@ def _choice(variable: str, value: str, allowed: Sequence[str]) -> str:
 
 
 # Across hosts, pipeline segments stay under Open MPI's TCP eager limit. A larger message
-# waits for the receiver's clear-to-send, and where a connection carries data both ways
-# (every rank pair of a star or a tree does; a ring's do not) that small reply queues
-# behind the receiver's own data: a two-way stream of 256 KiB messages between two
-# emulated hosts ran at 0.54-0.56 of the one-way rate, of 60 KiB messages at 0.97-1.00
-# (docs/benchmarks.md, "Two-way connections").
+# waits for the receiver's clear-to-send, and that small reply queues behind whatever the
+# receiver's NIC is sending: its own data back over the same connection (a star or a tree:
+# a two-way stream of 256 KiB messages between two emulated hosts ran at 0.54-0.56 of the
+# one-way rate, of 60 KiB messages at 0.97-1.00) or to its other neighbour (a ring: 1 MiB on
+# 8 hosts took 209 ms in 128 KiB messages, 76 ms in 60 KiB segments). docs/benchmarks.md,
+# "Two-way connections" and "A ring's clear-to-send".
 EAGER_LIMIT_VARIABLE = "OMPI_MCA_btl_tcp_eager_limit"
 EAGER_LIMIT_BYTES = 64 << 10     # Open MPI's default btl_tcp_eager_limit (headers included)
 EAGER_HEADER_BYTES = 1 << 10     # room for the PML and BTL headers
@@ -312,8 +313,7 @@ def resolve(config: Config, nbytes: int, itemsize: int,
         segment = max(1, config.segment_bytes // itemsize) if config.segment_bytes else 0
     elif tuned:
         segment = tuned.segment
-    elif config.algorithm == "multicolor" and len(hosts) > 1 and (
-            nbytes // _slices(config, colors, hosts) > config.inter_host_segment):
+    elif len(hosts) > 1 and nbytes // _slices(config, colors, hosts) > config.inter_host_segment:
         segment = config.inter_host_segment // itemsize
     elif nbytes // _slices(config, colors, hosts) >= PIPELINE_MIN_SEGMENTS * SEGMENT_BYTES:
         segment = SEGMENT_BYTES // itemsize

@@ -73,7 +73,11 @@ def test_size_table():
     _, p = resolve(Config(segment_bytes=1 << 20), 64 << 20, 4, flat4)
     assert p.segment == (1 << 20) // 4                 # the variable still wins
     algo, p = resolve(Config(algorithm="ring"), 64 << 20, 4, flat4)
-    assert algo == "ring" and p.segment == (256 << 10) // 4
+    assert algo == "ring" and p.segment == (60 << 10) // 4   # across hosts the ring's too are eager
+    algo, p = resolve(Config(algorithm="ring"), 64 << 20, 4, one_host_two)
+    assert algo == "ring" and p.segment == (256 << 10) // 4  # one host: no TCP, no eager rule
+    algo, p = resolve(Config(algorithm="ring"), 128 << 10, 4, flat4)
+    assert p.segment == 0                                    # 32 KiB chunks: eager already
 
 
 def test_shared_memory_stage_on_one_host_only():

@@ -485,9 +485,11 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"data in the other direction: the calibration measured a two-way stream at {d:.2f} of the one-way rate "
         f"with 8 MiB messages and {ds:.2f} with 256 KiB ones, but {de:.2f} with 60 KiB (eager) messages "
         f"(`cluster duplex` shows the same: docs/benchmarks.md, \"Two-way connections\"). Plain TCP sockets "
-        f"lose nothing both ways, so the loss is the rendezvous protocol's. The runtime therefore pipelines "
-        f"every message that crosses hosts in segments under the eager limit (60 KiB; "
-        f"`OMPI_MCA_btl_tcp_eager_limit` is respected).")
+        f"lose nothing both ways, so the loss is the rendezvous protocol's. A ring pays it too, although its "
+        f"connections carry data one way: the clear-to-send queues behind the data the receiver's NIC sends "
+        f"to its other neighbour (our ring on 8 hosts, 1 MiB: 209 ms in 128 KiB messages, 76 ms in 60 KiB "
+        f"segments, 2026-11-30). The runtime therefore pipelines every message of every schedule that crosses "
+        f"hosts in segments under the eager limit (60 KiB; `OMPI_MCA_btl_tcp_eager_limit` is respected).")
     out.append(
         f"* *Large messages, one rank per host.* On up to 8 hosts the default is one color per host (a direct "
         f"reduce-scatter + allgather: the same bytes per link as the ring). Multicolor/ring at 32 MiB on 4 "
