@@ -52,6 +52,7 @@ OPS: Dict[str, Tuple[Callable, Any]] = {
 TAG_SPAN = 1 << 20   # tags per allreduce: seq window w uses tags [w * TAG_SPAN, (w + 1) * TAG_SPAN)
 META_TAG, SYNC_TAG = TAG_SPAN - 1, TAG_SPAN - 2   # a window's last tags: check, shared sync 2
 MAX_SCHEDULE_TAGS = TAG_SPAN - 2                  # the rest are the schedule's
+SYNC_PAYLOAD = np.empty(0, np.uint8)            # shared sync 2 carries nothing
 _CHECK, _MPI, _SYNC = -1, -2, -3  # owner markers: metadata check, "mpi" collective, shared sync 2
 
 
@@ -94,7 +95,6 @@ class Engine:
         self._wake_comm: Optional[MPI.Comm] = None
         self._shared_queue: Deque["Handle"] = collections.deque()   # one shared call at a time
         self._shared_busy: Optional["Handle"] = None
-        self._nothing = np.empty(0, np.uint8)   # the payload of sync 2
 
     # ------------------------------------------------------------------ submission
     @property
@@ -177,7 +177,7 @@ class Engine:
         data = shared.sources(h._areas[:-1], h.arr, rank, h.pre != 1.0)
         shared.reduce_color(data, h._areas[-1], rank, OPS[h.op][0])
         win.sync()
-        self._exchange(h, SYNC_TAG, self._nothing, lambda q: self._nothing, _SYNC)
+        self._exchange(h, SYNC_TAG, SYNC_PAYLOAD, lambda q: SYNC_PAYLOAD, _SYNC)
 
     def _shared_collect(self, h: "Handle") -> None:
         self.ctx.shared.sync()

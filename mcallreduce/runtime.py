@@ -21,7 +21,7 @@ from mpi4py import MPI
 from .algorithms import Params, build_schedule
 from . import config as _config
 from .config import ALGORITHMS, Config, ConfigError, resolve
-from .engine import MAX_SCHEDULE_TAGS, META_TAG, OPS, SYNC_TAG, TAG_SPAN, Engine
+from .engine import MAX_SCHEDULE_TAGS, META_TAG, OPS, SYNC_PAYLOAD, SYNC_TAG, TAG_SPAN, Engine
 from .errors import MismatchError
 from .schedule import Schedule
 from . import shared as _shared
@@ -333,15 +333,12 @@ def _shared_now(ctx: Context, arr: np.ndarray, plan: Plan, op: str, pre: float, 
     win.sync()
     _shared.reduce_color(_shared.sources(areas[:-1], arr, rank, scale is not None), areas[-1], rank, OPS[op][0])
     win.sync()
-    reqs = [comm.Irecv(_NOTHING, q, tag + SYNC_TAG) for q in peers]
-    reqs += [comm.Isend(_NOTHING, q, tag + SYNC_TAG) for q in peers]
+    reqs = [comm.Irecv(SYNC_PAYLOAD, q, tag + SYNC_TAG) for q in peers]
+    reqs += [comm.Isend(SYNC_PAYLOAD, q, tag + SYNC_TAG) for q in peers]
     MPI.Request.Waitall(reqs)
     win.sync()
     _shared.collect(arr, areas[-1])
     scale_(arr, plan.post)
-
-
-_NOTHING = np.empty(0, np.uint8)   # the payload of sync 2
 
 
 def _meta_vector(rank: int, nelem: int, dtype: np.dtype, algorithm: str, op: str, params: Params,
