@@ -34,8 +34,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"packed {report.num_samples} images in {report.num_classes} classes, "
               f"{report.blob_bytes:,} bytes, into {report.path}; skipped {len(report.skipped)} bad file(s)")
         return 0
+    from ..config import ConfigError
     from .bench import run
-    return run(args)
+    from .throttle import ThrottleError
+    try:
+        return run(args)
+    except (ConfigError, ThrottleError) as exc:
+        print(f"mcallreduce.data bench: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ differs:
                (posix_fadvise DONTNEED) before each epoch
   folder-warm  the same with the files in the page cache (after a warm-up epoch)
   memory       the in-memory store (one shared segment per host)
+  folder-cold-<limit>  (``--cold-read-limits``) folder-cold with the disk's reads limited to a
+               rate or IOPS by a blkio cgroup (:mod:`.throttle`): storage slower than decoding,
+               as a shared file system's per-node share or a spinning disk is
 
 It also measures decode throughput per core (TrainTransform vs the decoder
 alone on full images) and, under mpirun with 1, 2 and 4 ranks on this host,
@@ -16,6 +19,7 @@ the resident memory per rank and per host. Results: a table on stdout and in
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -23,6 +27,8 @@ import time
 from typing import List, Optional
 
 import numpy as np
+
+from .throttle import ReadThrottle, parse_read_limits
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -36,6 +42,9 @@ def add_arguments(p) -> None:
     p.add_argument("--epochs", type=int, default=2, help="timed epochs per path")
     p.add_argument("--ranks", default="1,2,4", help="local rank counts for the memory runs ('' skips them)")
     p.add_argument("--decoder", default=None, help="turbo, simplejpeg or pil (default: MCALLREDUCE_DATA_DECODER)")
+    p.add_argument("--cold-read-limits", default="",
+                   help="extra cold-cache paths with the disk's reads limited by the kernel (root; blkio cgroup), "
+                        "comma-separated: bytes/s (25M = 25 MiB/s), IOPS (200iops) or both (25M+200iops)")
     p.add_argument("--decode-only", action="store_true",
                    help="only the one-core decode table (decode + RRC-224 vs the decoder alone)")
     p.add_argument("--memory-worker", action="store_true", help=argparse_hidden())
@@ -138,6 +147,22 @@ def round_robin(paths: dict, args, epochs: int) -> dict:
             times[name] += one["epoch_times_s"]
             count[name] = one["images"]
     return {name: summarise(count[name], times[name]) for name in paths}
+
+
+def source_paths(folder, memory, throttle, limits) -> dict:
+    """name -> (dataset, hook before each epoch): the three sources, plus one cold path per read limit.
+    Every hook sets the read limit of its own path (none but the limited ones)."""
+    def hook(limit=None, evict=False):
+        def before():
+            if throttle is not None:
+                throttle.set(limit)
+            if evict:
+                folder.evict()
+        return before
+    paths = {"folder_cold": (folder, hook(evict=True)), "folder_warm": (folder, hook()), "memory": (memory, hook())}
+    for limit in limits:
+        paths[f"folder_cold_{limit.key}"] = (folder, hook(limit, evict=True))
+    return paths
 
 
 def decode_per_core(store, decoder: str, limit: int = 400, rounds: int = 3, chunk: int = 25,
@@ -344,6 +369,9 @@ def run(args) -> int:
             json.dump({"command": command, "cpus": os.cpu_count(), "decode_per_core": d}, f, indent=1)
         print(f"wrote {args.out}/decode.json", file=sys.stderr)
         return 0
+    limits = parse_read_limits(args.cold_read_limits)
+    if limits:
+        ReadThrottle(root)   # fails here, before any work, where reads cannot be limited
     start = time.perf_counter()
     report = pack(root, store_path, workers=os.cpu_count(), progress=False)
     pack_s = time.perf_counter() - start
@@ -358,12 +386,16 @@ def run(args) -> int:
     results["memory_load_s"] = time.perf_counter() - start
     folder = FolderDataset(root, transform)
     time_epochs(folder, args, 1)   # warm-up (imports, thread pool, page cache)
-    results.update(round_robin({"folder_cold": (folder, folder.evict), "folder_warm": (folder, None),
-                                "memory": (InMemoryImageFolder(store, transform), None)}, args, args.epochs))
-    # The same three sources without decoding: what the storage alone delivers.
-    raw = FolderDataset(root, NoDecode())
-    results["read_only"] = round_robin({"folder_cold": (raw, raw.evict), "folder_warm": (raw, None),
-                                        "memory": (InMemoryImageFolder(store, NoDecode()), None)}, args, 3)
+    memory = InMemoryImageFolder(store, transform)
+    raw, raw_memory = FolderDataset(root, NoDecode()), InMemoryImageFolder(store, NoDecode())
+    with contextlib.ExitStack() as stack:
+        throttle = stack.enter_context(ReadThrottle(root)) if limits else None
+        results.update(round_robin(source_paths(folder, memory, throttle, limits), args, args.epochs))
+        # The same sources without decoding: what the storage alone delivers.
+        results["read_only"] = round_robin(source_paths(raw, raw_memory, throttle, limits), args, 3)
+    if limits:
+        results["read_limits"] = [{"key": x.key, "label": x.label, "bps": x.bps, "iops": x.iops} for x in limits]
+        results["read_limit_device"] = throttle.device
     results["decode_per_core"] = decode_per_core(store, transform.decoder)
     store.close()
     ranks = [int(x) for x in args.ranks.split(",") if x.strip()]
@@ -371,6 +403,8 @@ def run(args) -> int:
     mem = results["memory"]["images_per_s"]
     results["ratio_memory_vs_cold"] = mem / results["folder_cold"]["images_per_s"]
     results["ratio_memory_vs_warm"] = mem / results["folder_warm"]["images_per_s"]
+    for x in results.get("read_limits", []):
+        results[f"ratio_memory_vs_cold_{x['key']}"] = mem / results[f"folder_cold_{x['key']}"]["images_per_s"]
     table = format_table(results)
     print(table)
     with open(os.path.join(args.out, "bench.md"), "w") as f:
@@ -389,14 +423,18 @@ def format_table(r: dict) -> str:
              f"{r['threads']} decode threads, batch {r['batch_size']}, decoder {r['decoder']}, {r['cpus']} CPUs", "",
              "| path | images/s (decode + RRC-224) | epoch s | vs in-memory | images/s, bytes only (no decode) |",
              "|---|---:|---:|---:|---:|"]
-    for key, name in (("folder_cold", "ImageFolder, cold page cache"), ("folder_warm", "ImageFolder, warm page cache"),
-                      ("memory", "in-memory store")):
+    for key, name in source_names(r):
         x = r[key]
         lines.append(f"| {name} | {x['images_per_s']:.0f} | {x['epoch_s']:.2f} | "
                      f"{x['images_per_s'] / r['memory']['images_per_s']:.2f} | "
                      f"{r['read_only'][key]['images_per_s']:.0f} |")
     lines += ["", f"In-memory / cold: **{r['ratio_memory_vs_cold']:.2f}x**; in-memory / warm: "
-                  f"**{r['ratio_memory_vs_warm']:.2f}x**.", ""] + format_decode_table(r["decode_per_core"])
+                  f"**{r['ratio_memory_vs_warm']:.2f}x**."]
+    if r.get("read_limits"):
+        lines[-1] += " In-memory / cold with the disk's reads limited (blkio cgroup on device " + \
+            f"{r['read_limit_device']}): " + "; ".join(
+                f"{x['label']} **{r['ratio_memory_vs_cold_' + x['key']]:.2f}x**" for x in r["read_limits"]) + "."
+    lines += [""] + format_decode_table(r["decode_per_core"])
     if r["memory_runs"]:
         lines += ["", "| ranks on host | store share MiB | store resident on host MiB (sum of segment PSS) | ratio |"
                       " RSS/rank MiB | PSS/rank MiB | PSS host total MiB | images/s host |",
@@ -408,6 +446,14 @@ def format_table(r: dict) -> str:
     return "\n".join(lines)
 
 
+def source_names(r: dict) -> List[tuple]:
+    """(result key, row name) of every source path a bench result holds, in table order."""
+    names = [("folder_cold", "ImageFolder, cold page cache")]
+    names += [(f"folder_cold_{x['key']}", f"ImageFolder, cold, disk reads limited to {x['label']}")
+              for x in r.get("read_limits", [])]
+    return names + [("folder_warm", "ImageFolder, warm page cache"), ("memory", "in-memory store")]
+
+
 def plot(r: dict, path: str) -> None:
     try:
         import matplotlib
@@ -416,10 +462,13 @@ def plot(r: dict, path: str) -> None:
     except ImportError:
         print("matplotlib missing: no plot", file=sys.stderr)
         return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    names = ["folder cold", "folder warm", "in-memory"]
-    rates = [r[k]["images_per_s"] for k in ("folder_cold", "folder_warm", "memory")]
-    axes[0].bar(names, rates, color=["#999", "#69c", "#2a2"])
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    keys = [k for k, _ in source_names(r)]
+    names = [k.replace("folder_cold_", "cold\n").replace("folder_", "").replace("_", " ").replace("+", "\n+")
+             for k in keys]
+    colors = {"folder_cold": "#999", "folder_warm": "#69c", "memory": "#2a2"}
+    axes[0].bar(names, [r[k]["images_per_s"] for k in keys], color=[colors.get(k, "#c96") for k in keys])
+    axes[0].tick_params(axis="x", labelsize=8)
     axes[0].set_ylabel("images/s")
     axes[0].set_title(f"{r['threads']} threads, batch {r['batch_size']}, RRC-224")
     if r["memory_runs"]:

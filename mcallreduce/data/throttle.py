@@ -1,0 +1,176 @@
+"""Reads from the disk under a path, limited by the kernel: the slow storage of the cold-cache benchmark.
+
+On a training cluster the ImageFolder tree usually sits on a shared file system (NFS, GPFS,
+Lustre) or a spinning disk, whose share per node is far below what the node can decode; the
+paper's system is that case. A local SSD, or a virtual disk served from the hypervisor's
+cache, is faster than two cores can decode, and then the in-memory store can only win by
+the cost of a read. To measure the store against storage slower than decoding, the bench
+puts itself into a blkio cgroup whose read limit (bytes/s, IOPS or both) applies to the
+block device holding the tree: the kernel's own throttle of real block reads, as ``tc``
+shapes the emulated cluster's links. Page-cache hits (the warm path) and the in-memory
+store do no block I/O, so the limit touches the cold path only.
+
+cgroup v1 (``blkio.throttle.read_bps_device`` / ``read_iops_device``) and v2 (``io.max``)
+are supported; root is required. :class:`ReadThrottle` is a context manager that creates
+one cgroup for this process, moves the process in (all its threads), sets and clears the
+limit on demand, and on exit moves the process back and removes the cgroup; a cgroup left
+by a process that died is removed the next time one is made.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import List, Optional
+
+from ..config import ConfigError, parse_size
+
+__all__ = ["ReadLimit", "ReadThrottle", "ThrottleError", "block_device", "parse_read_limits"]
+
+V1_ROOT = "/sys/fs/cgroup/blkio"
+V2_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+PREFIX = "mcallreduce-read-"
+
+
+class ThrottleError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ReadLimit:
+    """Bytes per second and reads per second of one block device; 0 = no limit on that one."""
+    bps: int = 0
+    iops: int = 0
+
+    @property
+    def label(self) -> str:
+        parts = []
+        if self.bps:
+            mib = self.bps / (1 << 20)
+            parts.append(f"{mib:g} MiB/s")
+        if self.iops:
+            parts.append(f"{self.iops} IOPS")
+        return " + ".join(parts) or "no limit"
+
+    @property
+    def key(self) -> str:
+        """A name for JSON keys: '25MiBps', '200iops', '25MiBps+200iops'."""
+        parts = ([f"{self.bps / (1 << 20):g}MiBps"] if self.bps else []) + ([f"{self.iops}iops"] if self.iops else [])
+        return "+".join(parts) or "none"
+
+
+def parse_read_limits(text: str) -> List[ReadLimit]:
+    """'50M,12.5M,200iops,25M+400iops' -> ReadLimits (sizes binary: 50M = 50 MiB/s)."""
+    limits = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        bps = iops = 0
+        for part in item.split("+"):
+            part = part.strip().lower()
+            if part.endswith("iops"):
+                number = part[:-4]
+                if not number.isdigit() or int(number) < 1:
+                    raise ConfigError(f"read limit {item!r}: {part!r} is not a positive IOPS count (e.g. 200iops)")
+                iops = int(number)
+            else:
+                bps = parse_size(part.rstrip("/s"), what=f"read limit {item!r}")
+                if bps < 4096:
+                    raise ConfigError(f"read limit {item!r}: under 4 KiB/s; give bytes per second, e.g. 25M")
+        limits.append(ReadLimit(bps, iops))
+    return limits
+
+
+def block_device(path: str) -> str:
+    """'MAJ:MIN' of the whole disk holding ``path`` (the throttle takes disks, not partitions)."""
+    dev = os.stat(path).st_dev
+    major, minor = os.major(dev), os.minor(dev)
+    sys_dir = f"/sys/dev/block/{major}:{minor}"
+    if major == 0 or not os.path.isdir(sys_dir):
+        raise ThrottleError(f"{path} is not on a block device (device {major}:{minor}: tmpfs, overlay or a "
+                            f"network file system); reads there cannot be limited with a blkio cgroup. "
+                            f"Put the tree on a local disk (--root) to use --cold-read-limits")
+    if os.path.exists(os.path.join(sys_dir, "partition")):
+        with open(os.path.join(os.path.realpath(sys_dir), "..", "dev")) as f:
+            return f.read().strip()
+    return f"{major}:{minor}"
+
+
+def _own_cgroup(controller: Optional[str]) -> str:
+    """This process's cgroup path in the v1 hierarchy of ``controller`` (None: the v2 one)."""
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            if (controller is None and names == "") or (controller and controller in names.split(",")):
+                return path
+    raise ThrottleError(f"this process is in no {'cgroup v2' if controller is None else controller} hierarchy")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+class ReadThrottle:
+    """Limit this process's block reads from the disk under ``path``; ``set(limit)`` changes the limit."""
+
+    def __init__(self, path: str):
+        if os.geteuid() != 0:
+            raise ThrottleError("limiting reads needs root (it creates a cgroup); run the bench with sudo, "
+                                "or leave out --cold-read-limits")
+        self.device = block_device(path)
+        self.cgroup: Optional[str] = None
+        self.home: Optional[str] = None
+        if os.path.exists(os.path.join(V1_ROOT, "blkio.throttle.read_bps_device")):
+            self.version, self.root = 1, V1_ROOT
+        else:
+            roots = [r for r in V2_ROOTS if _has_v2_io(r)]
+            if not roots:
+                raise ThrottleError("no blkio (cgroup v1) or io (cgroup v2) controller is mounted: reads "
+                                    "cannot be limited on this machine")
+            self.version, self.root = 2, roots[0]
+
+    def __enter__(self) -> "ReadThrottle":
+        self._remove_stale()
+        self.home = os.path.join(self.root, _own_cgroup("blkio" if self.version == 1 else None).lstrip("/"))
+        self.cgroup = os.path.join(self.root, f"{PREFIX}{os.getpid()}")
+        os.makedirs(self.cgroup, exist_ok=True)
+        if self.version == 2:
+            _write(os.path.join(self.root, "cgroup.subtree_control"), "+io")
+        _write(os.path.join(self.cgroup, "cgroup.procs"), str(os.getpid()))
+        return self
+
+    def set(self, limit: Optional[ReadLimit]) -> None:
+        """Apply ``limit`` (None or ReadLimit() lifts it) from the next block read on."""
+        limit = limit or ReadLimit()
+        if self.version == 1:
+            _write(os.path.join(self.cgroup, "blkio.throttle.read_bps_device"), f"{self.device} {limit.bps}")
+            _write(os.path.join(self.cgroup, "blkio.throttle.read_iops_device"), f"{self.device} {limit.iops}")
+        else:
+            _write(os.path.join(self.cgroup, "io.max"), f"{self.device} rbps={limit.bps or 'max'} "
+                                                         f"riops={limit.iops or 'max'}")
+
+    def __exit__(self, *exc) -> None:
+        if self.cgroup is None:
+            return
+        _write(os.path.join(self.home, "cgroup.procs"), str(os.getpid()))
+        os.rmdir(self.cgroup)   # empty now; the rules go with it
+        self.cgroup = None
+
+    def _remove_stale(self) -> None:
+        """Cgroups of earlier runs whose process is gone (killed before __exit__)."""
+        for name in os.listdir(self.root):
+            m = re.fullmatch(re.escape(PREFIX) + r"(\d+)", name)
+            if m and not os.path.exists(f"/proc/{m.group(1)}"):
+                try:
+                    os.rmdir(os.path.join(self.root, name))
+                except OSError:
+                    pass   # still has members (a child that outlived it): leave it
+
+
+def _has_v2_io(root: str) -> bool:
+    try:
+        with open(os.path.join(root, "cgroup.controllers")) as f:
+            return "io" in f.read().split()
+    except OSError:
+        return False
