@@ -106,6 +106,43 @@ def test_shared_cores_slow_down_cpu_bound_schedules():
     assert simulate(s, m.with_(cores=1)).time > 1.5 * simulate(s, m).time
 
 
+def test_polling_ranks_share_the_cores_only_when_they_outnumber_them():
+    # CPU-bound ring (no latency, no bandwidth cost): all time is the ranks' per-step work
+    cpu_only = dict(overhead=20e-6, alpha=0.0, intra_alpha=0.0, nic_Bps=1e15)
+    m8 = plain(8, **cpu_only)
+    s8 = build_schedule("ring", flat(8), 64, Params())
+    own = simulate(s8, m8).time
+    # 8 polling ranks on 2 cores: every rank's work runs at 2/8 of a core, all the time
+    assert simulate(s8, m8.with_(cores=2, polling=True)).time == pytest.approx(4 * own, rel=1e-6)
+    # no effect without shared cores (the paper's scale) or with a core per rank
+    assert simulate(s8, m8.with_(polling=True)).time == own
+    assert simulate(s8, m8.with_(cores=8, polling=True)).time == pytest.approx(own, rel=1e-9)
+    # the calibration's case, 2 ranks on 2 cores: same time as without shared cores, so the
+    # overhead fitted there (fit_overhead, cores None) is the per-step cost on a core of its own
+    m2 = emulated(2, cores=2)
+    assert m2.polling
+    s2 = build_schedule("ring", m2.layout(), 1, Params())
+    assert simulate(s2, m2).time == pytest.approx(simulate(s2, m2.with_(cores=None)).time, rel=1e-9)
+    assert fit_overhead(1e-3, m2) == pytest.approx(fit_overhead(1e-3, m2.with_(cores=None)), rel=1e-9)
+
+
+def test_polling_slows_steps_the_fifo_cores_leave_alone():
+    # a tree keeps only a few ranks busy at a time: FIFO cores (sleeping waiters) hardly
+    # queue, polling waiters still take their share of the cores from the working ranks
+    m = plain(8, overhead=20e-6)
+    s = build_schedule("multicolor", flat(8), 64, Params(colors=1))
+    own, fifo = simulate(s, m).time, simulate(s, m.with_(cores=2)).time
+    poll = simulate(s, m.with_(cores=2, polling=True)).time
+    assert poll > fifo >= own and poll > 1.5 * own
+
+
+def test_paper_scale_is_unaffected_by_polling():
+    m = paper(4, 2)
+    assert m.cores is None
+    for algo, n in (("ring", 64 << 10), ("multicolor", 1 << 20)):
+        assert predict(algo, m.with_(polling=True), n, check=False) == predict(algo, m, n, check=False)
+
+
 def test_unmatched_schedule_raises_deadlock():
     b = Builder(2, 4)
     b.transfer(0, 1, 0, 4, reduce=False)
@@ -206,7 +243,7 @@ def test_fit_turns_raw_measurements_into_model_constants():
 def test_parse_rate_and_presets():
     assert parse_rate("200mbit") == 25e6 and parse_rate("1gbit") == 125e6
     m = emulated(4, 2)
-    assert m.nranks == 8 and m.layout() == [[0, 1], [2, 3], [4, 5], [6, 7]] and m.cores == 2
+    assert m.nranks == 8 and m.layout() == [[0, 1], [2, 3], [4, 5], [6, 7]] and m.cores == 2 and m.polling
     assert paper(32, 2).nranks == 128 and paper(32, 2).nics == 2
 
 

@@ -111,7 +111,7 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
                 records += measure_horovod(cluster, ns, env, data)
             write_json(data / f"bench-{setup_name(hosts, rph)}.json",
                        {"setup": setup_name(hosts, rph), "hosts": hosts, "ranks_per_host": rph,
-                        "rate": ns.rate, "barrier": barrier, "records": records})
+                        "rate": ns.rate, "cpus": os.cpu_count(), "barrier": barrier, "records": records})
             log.append(f"{setup_name(hosts, rph)}: {time.time() - t0:.0f} s")
             print(f"[report] {log[-1]}", file=sys.stderr, flush=True)
     finally:
@@ -168,10 +168,16 @@ def write_json(path: Path, payload) -> None:
 # ---------------------------------------------------------------- modelling
 def setup_model(s: Dict, cal: Optional[Dict]):
     """The emulated model of one setup: calibrated constants, and the per-round latency
-    its own barrier measured while all its ranks ran (the 2 shared cores' scheduling delay)."""
+    its own barrier measured while all its ranks ran (the 2 shared cores' scheduling delay).
+
+    The ranks share the machine's cores (``cpus`` of the sweep; 2 here) as polling processes
+    (``emulated``'s default, ``polling``): the engine's own CPU work per step (``overhead``,
+    Python) then runs at cores / ranks of a core. The barrier's latency does not contain that work (a barrier round
+    is a few microseconds of C), so the two are not the same delay counted twice."""
     from ..sim.calibrate import loaded_alpha
     from ..sim.model import emulated
-    m = emulated(s["hosts"], s["ranks_per_host"], rate=s["rate"], calibration=cal, cores=None)
+    m = emulated(s["hosts"], s["ranks_per_host"], rate=s["rate"], calibration=cal,
+                 cores=s.get("cpus", os.cpu_count()))   # sweeps saved before "cpus" ran here
     b = s.get("barrier")
     if b:
         a = loaded_alpha(b["barrier_s"], b["ranks"])
@@ -477,6 +483,10 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         r = lookup(setups, name, a, size)
         return r["time_s"] if r else float("nan")
     out = ["", "**Where the goals stand, and what the model says** (the report recomputes these numbers):", ""]
+    choice = next((r for r in tuning.get("8h1r", []) if r["size_bytes"] == 64 << 10), {})
+    rate8 = next((s["rate"] for s in setups if s["setup"] == "8h1r"), "200mbit")
+    from ..sim.model import parse_rate
+    bound8 = 2 * 7 / 8 * (64 << 10) / (parse_rate(rate8) * cal.get("nic_efficiency", 1.0))
     d, ds, de = (cal.get(k, float("nan")) for k in ("duplex", "duplex_small", "duplex_eager"))
     out.append(
         f"* *Two-way connections.* A star or a tree sends bulk data both ways over each host pair's TCP "
@@ -513,19 +523,22 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"{next((s['barrier']['barrier_s'] * 1e3 for s in setups if s['setup'] == '8h1r' and s.get('barrier')), float('nan')):.1f} ms); "
         f"the default's trees (2 colors at 64 KiB) take about 2 log2(8) = 6 dependent hops of half the message, "
         f"the ring 14 hops of 1/8 of it, and at this size a hop's cost hardly depends on its bytes. "
-        f"The model prefers one color per host (2 hops) for <= 64 KiB here (tuning table), "
-        f"predicting {next((r['speedup_vs_ring'] for r in tuning.get('8h1r', []) if r['size_bytes'] == 64 << 10), float('nan')):.1f}x "
-        f"over the ring, but measured with `MCALLREDUCE_COLORS=8` it was 0.75-0.77 of the ring's time "
+        f"The model's choice for 64 KiB here (tuning table): {choice.get('algorithm', '?')} with "
+        f"{choice.get('colors', '?')} colors, predicted {choice.get('speedup_vs_ring', float('nan')):.2f}x "
+        f"over the ring. One color per host (`MCALLREDUCE_COLORS=8`) measured 0.75-0.77 of the ring's time "
         f"(2026-11-30), worse than 2 colors: each rank then handles 7 messages per phase, and at this size the "
         f"cost of a message on the shared cores, not the hop count, decides. Binary, ternary and 4-ary trees "
         f"measured alike (0.52-0.69, two or three runs each), and without the metadata check (one small MPI "
-        f"allreduce that both algorithms pay) 0.45-0.68.")
+        f"allreduce that both algorithms pay) 0.45-0.68. No algorithm can go below the bandwidth bound, "
+        f"2(p-1)/p of the message through each host's link: {bound8 * 1e3:.1f} ms at the calibrated link rate, "
+        f"{bound8 / t('8h1r', 'ring', 64 << 10):.2f} of this run's ring time, so 0.5 needs a ring at least "
+        f"twice the bound.")
     out.append(
-        "* *Model accuracy.* Good for >= 1 MiB (bandwidth, shaper, duplex and the Open MPI algorithms are "
-        "modelled: see the table); far off below 1 MiB, where the time is scheduling delay on the shared cores: the per-setup "
-        "barrier gives one latency for every hop, but small allreduces measured 0.2-4 ms per hop depending on "
-        "the message size (e.g. every algorithm needs ~4 ms for 64 KiB on 4 hosts, ~0.2-1.7 ms for 4 KiB), "
-        "which a constant alpha cannot follow. Horovod is modelled as MPI_Allreduce and misses its own "
+        "* *Model accuracy.* See the issue's metric above. At >= 1 MiB the time is bandwidth, the shaper, "
+        "duplex and Open MPI's algorithms, all modelled; below 1 MiB it is the engine's per-step work and "
+        "the scheduling delay of more processes than cores: the model runs every rank's work at cores/ranks "
+        "of a core (ranks that wait poll, so all of them share the cores all the time) and takes each "
+        "setup's latency from its own barrier. Horovod is modelled as MPI_Allreduce and misses its own "
         "per-tensor cycle (~20-150 ms floor here).")
     return out
 

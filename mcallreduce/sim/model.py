@@ -15,7 +15,13 @@ A :class:`ClusterModel` describes
   Isend/Irecv through mpi4py, completion bookkeeping), and ``gamma`` seconds per
   byte of a REDUCE, both executed on the rank's own CPU thread;
 * ``cores``: when set, all ranks of the machine share that many cores (the emulated
-  cluster: every "host" runs on the same 2 cores); None = every rank has its own;
+  cluster: every "host" runs on the same 2 cores); None = every rank has its own.
+  How they share them is ``polling``: False, a rank waiting for a message sleeps and
+  ranks queue for the cores only while they have work (FIFO); True, a waiting rank
+  polls (MPI's progress loop: Waitsome spins, with ``mpi_yield_when_idle`` it yields
+  but stays runnable), so every rank competes for the cores all the time and, with more
+  ranks than cores, each one's CPU work runs at cores / ranks of a core (processor
+  sharing). With ranks <= cores, or ``cores`` None (the paper's scale), it changes nothing;
 * a switch layer: ``hosts_per_switch`` hosts per leaf switch whose uplinks carry
   ``hosts_per_switch * nics * nic_Bps / oversubscription`` each way (None: one
   non-blocking switch);
@@ -70,6 +76,7 @@ class ClusterModel:
     duplex_eager: float = 1.0           # the same for messages sent eagerly (<= eager_bytes): no handshake
     mpi_overhead: float = 2e-6          # CPU per step inside MPI's own (C) collectives
     cores: Optional[int] = None
+    polling: bool = False               # with cores: waiting ranks poll, the cores are shared by all ranks
     hosts_per_switch: Optional[int] = None
     oversubscription: float = 1.0
     name: str = ""
@@ -100,15 +107,20 @@ class ClusterModel:
 
     def describe(self) -> str:
         link = f"{self.nics} x {self.nic_Bps / 1e6:g} MB/s NIC{'s' if self.nics > 1 else ''} ({self.nic_policy})"
-        cpu = f"{self.cores} shared cores" if self.cores else "a core per rank"
+        cpu = (f"{self.cores} shared cores{' (polling ranks)' if self.polling else ''}" if self.cores
+               else "a core per rank")
         return (f"{self.name or 'cluster'}: {self.hosts} hosts x {self.ranks_per_host} ranks, {link}, "
                 f"alpha {self.alpha * 1e6:.0f} us, intra {self.intra_Bps / 1e9:g} GB/s, "
                 f"overhead {self.overhead * 1e6:.1f} us/step, reduce {1 / self.gamma / 1e9:.2f} GB/s, {cpu}")
 
 
 def emulated(hosts: int, ranks_per_host: int = 1, rate: str = "200mbit", rails: int = 1,
-             calibration: Optional[Dict] = None, cores: Optional[int] = 2) -> ClusterModel:
+             calibration: Optional[Dict] = None, cores: Optional[int] = 2,
+             polling: bool = True) -> ClusterModel:
     """The emulated cluster of docs/cluster.md, with calibrated constants when given.
+
+    Its ranks run Open MPI with ``mpi_yield_when_idle`` (launch.py), whose progress loop
+    polls: ``polling`` (see :class:`ClusterModel`) is on by default.
 
     ``calibration`` is the dict :func:`mcallreduce.sim.calibrate.fit` returns (alpha,
     nic_efficiency, overhead, gamma, intra_Bps, intra_alpha); without it, defaults measured
@@ -120,7 +132,7 @@ def emulated(hosts: int, ranks_per_host: int = 1, rate: str = "200mbit", rails: 
         hosts=hosts, ranks_per_host=ranks_per_host, nics=rails,
         nic_Bps=parse_rate(rate) * c["nic_efficiency"], nic_policy="stripe",
         alpha=c["alpha"], intra_Bps=c["intra_Bps"], intra_alpha=c["intra_alpha"],
-        overhead=c["overhead"], gamma=c["gamma"], cores=cores,
+        overhead=c["overhead"], gamma=c["gamma"], cores=cores, polling=polling,
         eager_bytes=EAGER_LIMIT_BYTES - EAGER_HEADER_BYTES,   # Open MPI's TCP eager payload
         burst_bytes=max(int(parse_rate(rate) * 0.005), 128 * 1024), peak_Bps=c["peak_Bps"],
         duplex=c["duplex"], duplex_small=c.get("duplex_small", c["duplex"]),

@@ -5,7 +5,11 @@ runtime's semantics:
 
 * a step becomes *ready* when the steps in its ``deps`` have completed; the rank's
   CPU (one thread, FIFO, optionally competing for ``model.cores`` shared cores)
-  then spends ``overhead`` to post it, plus ``gamma`` per byte for a REDUCE;
+  then spends ``overhead`` to post it, plus ``gamma`` per byte for a REDUCE. Shared
+  cores are either FIFO servers that a rank holds only while it works, or, with
+  ``model.polling`` (ranks that wait by polling, as MPI's progress loop does),
+  processor-shared by all ranks at once: each rank's CPU work then takes
+  max(1, ranks / cores) times as long;
 * a message is matched by (src, dst, tag). Up to ``eager_bytes`` it leaves as soon as
   the SEND is posted and waits at the receiver if the RECV is not posted yet; larger
   messages are rendezvous: the data starts one round trip after both sides posted
@@ -78,6 +82,14 @@ def simulate(schedule: Schedule, model: ClusterModel, itemsize: int = 4,
     busy: Dict[tuple, float] = {}
     rank_free = [0.0] * p
     cores = [0.0] * m.cores if m.cores else None
+    # Polling ranks never leave the run queue: a rank that has work gets cores / p of a
+    # core however little the others have to do (their waiting is spinning), so the
+    # shared cores are modelled as processor sharing instead of a queue of work items.
+    # The calibration's 2-rank ring ran on 2 cores (share 1): ``overhead`` stays a
+    # per-step cost on a core of its own, and p <= cores changes nothing.
+    share = 1.0
+    if cores is not None and m.polling:
+        share, cores = max(1.0, p / m.cores), None
     finish = [0.0] * p
     events: list = []
     seq = 0
@@ -102,6 +114,7 @@ def simulate(schedule: Schedule, model: ClusterModel, itemsize: int = 4,
 
     def cpu(r: int, t: float, dur: float) -> float:
         s = t if t > rank_free[r] else rank_free[r]
+        dur *= share
         if cores is not None:
             c = heapq.heappop(cores)
             if c > s:
