@@ -7,6 +7,7 @@
 | MCALLREDUCE_SEGMENT_BYTES    | auto, or a size (256K, 1M, 0)  | auto       |
 | MCALLREDUCE_FANOUT           | auto, or an integer >= 2       | auto       |
 | MCALLREDUCE_HIERARCHY        | auto, 1, 0                     | auto       |
+| MCALLREDUCE_ROUTE            | auto, tree, ring               | auto       |
 | MCALLREDUCE_PIPELINE_DEPTH   | an integer >= 1                | 4          |
 | MCALLREDUCE_SHM_BYTES        | a size (8M), 0 = off           | 8M         |
 | MCALLREDUCE_CHECK            | 1, 0                           | 1          |
@@ -143,6 +144,15 @@ def _shm_bytes(value: Optional[str]) -> int:
     return size
 
 
+ROUTES = ("tree", "ring")
+
+
+def _route(value: Optional[str]) -> Optional[str]:
+    if value is None or value.lower() == "auto":
+        return None
+    return _choice("MCALLREDUCE_ROUTE", value, ROUTES + ("auto",))
+
+
 @dataclass(frozen=True)
 class Config:
     """User choices; None means "auto" (decided per message by :func:`resolve`)."""
@@ -152,6 +162,7 @@ class Config:
     segment_bytes: Optional[int] = None
     fanout: Optional[int] = None
     hierarchy: Optional[bool] = None
+    route: Optional[str] = None         # multicolor across hosts: "tree" or "ring"
     depth: int = 4
     check: bool = True
     verbose: bool = False
@@ -186,6 +197,7 @@ class Config:
             segment_bytes=segment_bytes,
             fanout=integer("FANOUT", 2),
             hierarchy=boolean("HIERARCHY", auto=True),
+            route=_route(get("ROUTE")),
             depth=integer("PIPELINE_DEPTH", 1, auto=False) or 4,
             check=bool(boolean("CHECK", auto=False) if get("CHECK") is not None else True),
             verbose=bool(boolean("VERBOSE", auto=False)),
@@ -202,6 +214,8 @@ class Config:
         key = (self, tuple(sorted(changes.items())))
         hit = _overridden.get(key)
         if hit is None:
+            if changes.get("route") not in (None,) + ROUTES:
+                raise ConfigError(f"route={changes['route']!r}: allowed values are {', '.join(ROUTES)}")
             if len(_overridden) > 1024:
                 _overridden.clear()
             hit = _overridden[key] = replace(self, **changes)
@@ -244,6 +258,15 @@ SEGMENT_BYTES = 256 << 10  # pipeline segment for large messages
 PIPELINE_MIN_SEGMENTS = 4  # pipeline a color only if it gets at least this many segments:
                            # fewer adds messages without overlapping much (measured at 1 MiB)
 STAR_MAX_HOSTS = 8         # up to this many hosts, one color per host (direct reduce-scatter)
+# Above MEDIUM_BYTES the colors cross hosts on rings, not trees (route "ring", one ring per
+# local rank): the same bytes per NIC, but each host sends to one neighbour, one way. On the
+# emulated cluster (200 Mbit/s, 2026-11-30, multicolor ring route / tree route, both against
+# our flat ring in the same jobs): 4 hosts x 2 at 32 MiB 1.20-1.22x vs 0.96-1.06x, at 1 MiB
+# 1.14x vs 0.98-1.02x; 8 hosts x 1 at 1 MiB 1.00x vs 0.79-0.81x; 8 hosts x 2 at 32 MiB
+# 1.04-1.11x vs 0.88-0.95x; at 256 KiB equal or better. Trees keep the small messages,
+# where 2 log(N) hops beat the ring's 2(N-1).
+RING_ROUTE_MIN_BYTES = MEDIUM_BYTES
+RING_ROUTE_MAX_HOSTS = 8   # measured up to 8 hosts; beyond, the ring's 2(N-1) hops are untested
 # The latency regime of the multicolor family: log2(p) exchanges of the whole message
 # (algorithms/doubling.py) instead of a reduce up a tree and a broadcast down it
 # (2 log2(p) message latencies). Two ranks exchange n bytes each way either way, so
@@ -293,7 +316,7 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     nranks = sum(len(h) for h in hosts)
     # the shared-memory stage, the latency regime (doubling) and the tuning table apply
     # only while no multicolor knob is set
-    knobs_unset = (config.colors, config.segment_bytes, config.fanout, config.hierarchy) == (None,) * 4
+    knobs_unset = (config.colors, config.segment_bytes, config.fanout, config.hierarchy, config.route) == (None,) * 5
     if (config.algorithm == "multicolor" and knobs_unset and len(hosts) == 1 and nranks > 1
             and shared_slot > 0 and config.shm_bytes > 0 and nbytes <= min(config.shm_bytes, shared_slot)):
         return "multicolor", Params(colors=nranks, hierarchical=True, depth=config.depth, shared=True)
@@ -307,8 +330,14 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     else:
         hierarchical = tuned.hierarchical if tuned else max_local > 1
     nodes = len(hosts) if hierarchical else nranks
-    colors = config.colors or (tuned.colors if tuned else
-                               default_colors(nbytes, nodes, max_local if hierarchical else 1))
+    route = config.route or (tuned.route if tuned else
+                             "ring" if 1 < len(hosts) <= RING_ROUTE_MAX_HOSTS and nbytes > RING_ROUTE_MIN_BYTES
+                             else "tree")
+    if route == "ring" and not config.colors and not tuned:
+        colors = max_local if hierarchical else 1    # one ring per local rank
+    else:
+        colors = config.colors or (tuned.colors if tuned else
+                                   default_colors(nbytes, nodes, max_local if hierarchical else 1))
     if config.segment_bytes is not None:
         segment = max(1, config.segment_bytes // itemsize) if config.segment_bytes else 0
     elif tuned:
@@ -322,7 +351,7 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     if config.algorithm in ("ring", "doubling"):
         return config.algorithm, Params(segment=segment, depth=config.depth)
     return config.algorithm, Params(colors=colors, segment=segment, fanout=config.fanout,
-                                    hierarchical=hierarchical, depth=config.depth)
+                                    hierarchical=hierarchical, depth=config.depth, route=route)
 
 
 # ---------------------------------------------------------------- Horovod plugin

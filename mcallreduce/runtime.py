@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from .algorithms import Params, build_schedule
 from . import config as _config
-from .config import ALGORITHMS, Config, ConfigError, resolve
+from .config import ALGORITHMS, ROUTES, Config, ConfigError, resolve
 from .engine import MAX_SCHEDULE_TAGS, META_TAG, OPS, SYNC_PAYLOAD, SYNC_TAG, TAG_SPAN, Engine
 from .errors import MismatchError
 from .schedule import Schedule
@@ -32,9 +32,10 @@ __all__ = ["Context", "Handle", "allreduce", "allreduce_async", "start_progress_
 DTYPES = ("float16", "float32", "float64", "int32", "int64")
 _DTYPE_CODE = {np.dtype(name): i + 1 for i, name in enumerate(DTYPES)}
 _ALGO_CODE = {name: i + 1 for i, name in enumerate(ALGORITHMS)}
+_ROUTE_CODE = {name: i + 1 for i, name in enumerate(ROUTES)}
 _OP_CODE = {name: i + 1 for i, name in enumerate(OPS)}
 _CHECK_FIELDS = ("element count", "dtype", "algorithm", "op", "colors", "segment", "fanout",
-                 "hierarchy", "pipeline depth", "shared-memory stage", "scale factors")
+                 "hierarchy", "pipeline depth", "shared-memory stage", "scale factors", "route")
 _REJECT_REASONS = {1: "unsupported buffer", 2: "invalid configuration"}
 
 
@@ -345,7 +346,7 @@ def _meta_vector(rank: int, nelem: int, dtype: np.dtype, algorithm: str, op: str
                  scale_key: int, reject: int) -> np.ndarray:
     fields = [reject, nelem, _DTYPE_CODE.get(dtype, 0), _ALGO_CODE.get(algorithm, 0), _OP_CODE.get(op, 0),
               params.colors, params.segment, params.fanout or 0, int(params.hierarchical), params.depth,
-              int(params.shared), scale_key]
+              int(params.shared), scale_key, _ROUTE_CODE.get(params.route, 0)]
     vec = np.array(fields, dtype=np.int64)
     # MAX over [x, -x] yields max and min of every field in one allreduce; slot n carries
     # the lowest rejecting rank (as -rank) so every rank can name it.
@@ -365,7 +366,7 @@ def allreduce_async(buf: Any, op: str = "sum", prescale: float = 1.0, postscale:
     average is ``sum(prescale * x) * postscale / size`` (Horovod's definition).
     Every rank must call with the same element count and dtype, in the same order
     relative to its other allreduces on ``comm`` (as for any MPI collective).
-    ``overrides`` (colors=, segment_bytes=, fanout=, hierarchy=, depth=) take
+    ``overrides`` (colors=, segment_bytes=, fanout=, hierarchy=, route=, depth=) take
     precedence over the ``MCALLREDUCE_*`` environment.
     """
     return _submit(buf, op, prescale, postscale, comm, algorithm, out, check, overrides, False)

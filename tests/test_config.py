@@ -20,10 +20,12 @@ def test_every_variable_is_read():
     env = {"MCALLREDUCE_ALGORITHM": "ring", "MCALLREDUCE_COLORS": "3", "MCALLREDUCE_SEGMENT_BYTES": "128K",
            "MCALLREDUCE_FANOUT": "4", "MCALLREDUCE_HIERARCHY": "0", "MCALLREDUCE_PIPELINE_DEPTH": "2",
            "MCALLREDUCE_CHECK": "0", "MCALLREDUCE_VERBOSE": "1", "MCALLREDUCE_RANKS_PER_HOST": "2",
-           "MCALLREDUCE_SHM_BYTES": "2M"}
+           "MCALLREDUCE_SHM_BYTES": "2M", "MCALLREDUCE_ROUTE": "Ring"}
     c = Config.from_env(env)
     assert (c.algorithm, c.colors, c.segment_bytes, c.fanout, c.hierarchy, c.depth, c.check, c.verbose,
-            c.ranks_per_host, c.shm_bytes) == ("ring", 3, 128 << 10, 4, False, 2, False, True, 2, 2 << 20)
+            c.ranks_per_host, c.shm_bytes, c.route) == ("ring", 3, 128 << 10, 4, False, 2, False, True, 2, 2 << 20,
+                                                        "ring")
+    assert Config.from_env({"MCALLREDUCE_ROUTE": "auto"}).route is None
 
 
 @pytest.mark.parametrize("name,value,hint", [
@@ -33,6 +35,7 @@ def test_every_variable_is_read():
     ("SEGMENT_BYTES", "big", "256K"),
     ("FANOUT", "1", "integer >= 2"),
     ("HIERARCHY", "maybe", "'auto', 1, 0"),
+    ("ROUTE", "star", "tree, ring, auto"),
     ("CHECK", "auto", "1, 0"),
     ("PIPELINE_DEPTH", "0", "integer >= 1"),
 ])
@@ -60,8 +63,17 @@ def test_size_table():
     algo, p = resolve(Config(), 64 << 20, 4, one_host_two)
     assert p.colors == 2 and p.segment == (256 << 10) // 4
     _, p = resolve(Config(), 64 << 20, 4, flat4)
-    assert p.colors == 4 and not p.hierarchical       # one color per host: direct reduce-scatter
+    assert (p.route, p.colors) == ("ring", 1) and not p.hierarchical   # large, few hosts: a ring
     assert p.segment == (60 << 10) // 4               # across hosts: segments sent eagerly
+    _, p = resolve(Config(), 64 << 20, 4, [[0, 1]] * 1 + [[2, 3], [4, 5], [6, 7]])
+    assert (p.route, p.colors, p.hierarchical) == ("ring", 2, True)    # one ring per local rank
+    _, p = resolve(Config(route="tree"), 64 << 20, 4, flat4)
+    assert (p.route, p.colors) == ("tree", 4)         # one color per host: direct reduce-scatter
+    _, p = resolve(Config(), 64 << 20, 4, [[r] for r in range(9)])
+    assert p.route == "tree"                          # the ring route is measured up to 8 hosts
+    assert resolve(Config(), 256 << 10, 4, flat4)[1].route == "tree"   # medium: trees (2 log N hops)
+    _, p = resolve(Config(route="ring", colors=3), 1 << 20, 4, flat4)
+    assert (p.colors, p.segment) == (3, (60 << 10) // 4)
     _, p = resolve(Config(colors=3, segment_bytes=0, hierarchy=False), 64 << 20, 8, one_host_two)
     assert (p.colors, p.segment, p.hierarchical) == (3, 0, False)
     _, p = resolve(Config(), 1 << 20, 4, [[0, 1], [2, 3]])

@@ -37,8 +37,8 @@ def test_every_algorithm_sums_every_length(p):
         for n in lengths(p):
             variants = [(name, Params(segment=s)) for name in ("ring", "doubling") for s in (0, 5)]
             hier = (True, False) if len(hosts) < p else (True,)  # flat layout: same schedule
-            variants += [("multicolor", Params(colors=k, segment=s, hierarchical=h))
-                         for k in (1, 2, 3, 4) for s in (0, 3) for h in hier]
+            variants += [("multicolor", Params(colors=k, segment=s, hierarchical=h, route=route))
+                         for k in (1, 2, 3, 4) for s in (0, 3) for h in hier for route in ("tree", "ring")]
             for name, params in variants:
                 sched = build_schedule(name, hosts, n, params)
                 assert check_schedule(sched) is None
@@ -48,10 +48,10 @@ def test_every_algorithm_sums_every_length(p):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["multicolor", "doubling"])
-def test_all_dtypes_bitwise_identical_on_every_rank(dtype, name):
+@pytest.mark.parametrize("name,route", [("multicolor", "tree"), ("multicolor", "ring"), ("doubling", "tree")])
+def test_all_dtypes_bitwise_identical_on_every_rank(dtype, name, route):
     p, n = 6, 1001
-    sched = build_schedule(name, paired(p), n, Params(colors=3, segment=64))
+    sched = build_schedule(name, paired(p), n, Params(colors=3, segment=64, route=route))
     rng = np.random.default_rng(1)
     bufs = [(rng.standard_normal(n) * 4).astype(dtype) for _ in range(p)]
     exact = np.sum(np.stack([b.astype(np.float64) for b in bufs]), axis=0)
@@ -167,6 +167,29 @@ def test_hierarchical_sends_fewer_bytes_across_hosts_than_flat():
     hier = build_multicolor(hosts, n, colors=4, segment=128, hierarchical=True)
     flat_sched = build_multicolor(hosts, n, colors=4, segment=128, hierarchical=False)
     assert cross(hier) < cross(flat_sched)
+
+
+def test_ring_route_sends_each_hosts_share_one_way_to_one_neighbour():
+    # the property that made the route faster on shaped links: every host's inter-host bytes
+    # are 2(N-1)/N of the message (the bound), all to the next host, none back
+    hosts = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    N, n = len(hosts), 1 << 14
+    host_of = {r: h for h, rs in enumerate(hosts) for r in rs}
+    sched = build_multicolor(hosts, n, colors=2, segment=256, route="ring")
+    out = {}
+    for prog in sched.programs:
+        for step in prog.steps:
+            if step.op == Op.SEND and host_of[step.peer] != host_of[prog.rank]:
+                key = (host_of[prog.rank], host_of[step.peer])
+                out[key] = out.get(key, 0) + step.count
+    assert sorted(out) == [(h, (h + 1) % N) for h in range(N)]
+    assert all(v == pytest.approx(2 * (N - 1) / N * n, rel=0.01) for v in out.values())
+    # one ring per local rank: both local ranks of a host send across hosts
+    senders = {prog.rank for prog in sched.programs for st in prog.steps
+               if st.op == Op.SEND and host_of[st.peer] != host_of[prog.rank]}
+    assert senders == set(range(8))
+    with pytest.raises(ValueError, match="route"):
+        build_multicolor(hosts, n, colors=2, route="star")
 
 
 def test_pipelining_bounds_scratch_memory():

@@ -257,10 +257,11 @@ def test_tuner_latency_regime_small_many_colors_large():
     assert algo == "ring"                                   # the family is only searched when asked
     algo, large = tuner.best_params(hosts, 4 << 20, 4, model=m)
     assert algo == "multicolor"
-    assert large.colors >= 2 and large.segment > 0          # bandwidth-bound: colors, pipelined
+    # bandwidth-bound: pipelined, over several trees or a ring (the same bytes per link)
+    assert large.segment > 0 and (large.colors >= 2 or large.route == "ring")
     rows = tuner.table(m, [1024, 4 << 20])
     assert [r["size_bytes"] for r in rows] == [1024, 4 << 20]
-    assert rows[0]["speedup_vs_ring"] > 1 and rows[1]["colors"] == large.colors
+    assert rows[0]["speedup_vs_ring"] > 1 and (rows[1]["colors"], rows[1]["route"]) == (large.colors, large.route)
     assert rows[0]["algorithm"] == "doubling" and rows[1]["algorithm"] == "multicolor"
 
 

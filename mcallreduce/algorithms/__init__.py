@@ -33,6 +33,7 @@ class Params:
     depth: int = 4               # scratch slots per (peer, color): segments in flight
     shared: bool = False         # multicolor on one host through a shared-memory window
                                  # (mcallreduce/shared.py): no schedule, no messages but syncs
+    route: str = "tree"          # multicolor: how a color crosses hosts, "tree" or "ring"
 
 
 def build_schedule(name: str, hosts: Sequence[Sequence[int]], nelem: int, params: Params) -> Schedule:
@@ -48,5 +49,6 @@ def _cached(name: str, hosts: Tuple[Tuple[int, ...], ...], nelem: int, params: P
         return build_doubling(hosts, nelem, segment=params.segment, depth=params.depth)
     if name == "multicolor":
         return build_multicolor(hosts, nelem, colors=params.colors, segment=params.segment,
-                                fanout=params.fanout, hierarchical=params.hierarchical, depth=params.depth)
+                                fanout=params.fanout, hierarchical=params.hierarchical, depth=params.depth,
+                                route=params.route)
     raise ValueError(f"unknown scheduled algorithm {name!r}; known: {', '.join(SCHEDULED)}")

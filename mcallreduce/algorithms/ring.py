@@ -13,14 +13,23 @@ from typing import Sequence
 
 from ..schedule import Builder, Schedule, segments, split_even
 
-__all__ = ["build_ring"]
+__all__ = ["build_ring", "ring_steps"]
 
 
 def build_ring(hosts: Sequence[Sequence[int]], nelem: int, segment: int = 0, depth: int = 4) -> Schedule:
-    ring = [r for host in hosts for r in host]
+    b = Builder(sum(len(h) for h in hosts), nelem, depth=depth)
+    ring_steps(b, [r for host in hosts for r in host], 0, nelem, segment)
+    return b.build("ring", segment=segment)
+
+
+def ring_steps(b: Builder, ring: Sequence[int], offset: int, count: int, segment: int, color: int = -1) -> None:
+    """Allreduce of buf[offset:+count] around ``ring`` (ranks in ring order) into ``b``.
+
+    ``color`` -1 gives every chunk its own color (the flat ring: chunk i's scratch slots
+    and report line); otherwise every step has that color (one color of a multicolor).
+    """
     p = len(ring)
-    b = Builder(p, nelem, depth=depth)
-    chunks = split_even(nelem, p)
+    chunks = [(offset + off, cnt) for off, cnt in split_even(count, p)]
     for phase, reduce in (("reduce-scatter", True), ("allgather", False)):
         for step in range(p - 1):
             for pos in range(p):
@@ -28,5 +37,5 @@ def build_ring(hosts: Sequence[Sequence[int]], nelem: int, segment: int = 0, dep
                 chunk = (pos - step + (0 if reduce else 1)) % p
                 off, cnt = chunks[chunk]
                 for seg_off, seg_cnt in segments(off, cnt, segment):
-                    b.transfer(ring[pos], ring[(pos + 1) % p], seg_off, seg_cnt, reduce=reduce, color=chunk)
-    return b.build("ring", segment=segment)
+                    b.transfer(ring[pos], ring[(pos + 1) % p], seg_off, seg_cnt, reduce=reduce,
+                               color=chunk if color < 0 else color)

@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..algorithms import Params
+from ..sim.model import parse_rate
 from .allreduce import human
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +46,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--big", default="128M", help="extra sizes for the first 1-rank-per-host 4-host setup ('' = none)")
     ap.add_argument("--rate", default="200mbit")
     ap.add_argument("--prefix", default="mcrep", help="cluster name prefix (default %(default)s)")
-    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=0,
+                    help="timed iterations per size; 0 (default): about --seconds per (size, algorithm), "
+                         "at least 3 (small sizes get up to 200: their medians need them)")
+    ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--skip-measure", action="store_true", help="only model and write, from the saved JSON")
     ap.add_argument("--latency-only", action="store_true",
@@ -65,7 +69,6 @@ def setup_name(hosts: int, rph: int) -> str:
 def measure(ns: argparse.Namespace, data: Path) -> None:
     from .cluster import Cluster
     from ..sim.calibrate import fit, run_barrier, run_calibration
-    from ..sim.model import parse_rate
 
     py = sys.executable
     env = {"PYTHONPATH": str(REPO)}
@@ -99,6 +102,7 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
                 out = data / f"bench-{setup_name(hosts, rph)}{'-big' if k else ''}.json"
                 argv = [py, "-m", "mcallreduce.bench", "--sizes", sizes, "--algorithms", ",".join(ALGOS),
                         "--warmup", str(0 if k else ns.warmup), "--iters", str(2 if k else ns.iters),
+                        "--seconds", str(ns.seconds),
                         "--json", str(out), "--quiet",
                         "--label", f"emulated {hosts} hosts x {rph} ranks at {ns.rate}"]
                 proc = cluster.run(argv, env=env, timeout=1200)
@@ -130,8 +134,13 @@ for size in [int(s) for s in sys.argv[1].split(",")]:
     x = torch.ones(size // 4)
     for _ in range(2):
         hvd.allreduce(x, op=hvd.Sum)
+    iters = int(sys.argv[2])
+    if iters <= 0:   # about argv[3] seconds, at least 3, at most 200, agreed by all ranks
+        t0 = time.perf_counter(); hvd.allreduce(x, op=hvd.Sum); one = time.perf_counter() - t0
+        one = float(hvd.allreduce(torch.tensor([one]), op=hvd.Max)[0])
+        iters = int(min(200, max(3, float(sys.argv[3]) / max(one, 1e-6))))
     ts = []
-    for _ in range(int(sys.argv[2])):
+    for _ in range(iters):
         t0 = time.perf_counter(); hvd.allreduce(x, op=hvd.Sum); ts.append(time.perf_counter() - t0)
     t = float(np.median(hvd.allreduce(torch.tensor(ts), op=hvd.Max).numpy()))
     p = hvd.size()
@@ -148,7 +157,8 @@ def measure_horovod(cluster, ns, env, data: Path) -> List[Dict]:
     script.write_text(HOROVOD_RANK)
     sizes = ",".join(str(parse_size(s)) for s in ns.sizes.split(","))
     try:
-        proc = cluster.run([sys.executable, str(script), sizes, str(ns.iters)], env=env, timeout=900)
+        proc = cluster.run([sys.executable, str(script), sizes, str(ns.iters), str(ns.seconds)], env=env,
+                           timeout=900)
     finally:
         script.unlink()
     for line in proc.stdout.splitlines():
@@ -370,13 +380,15 @@ def markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning) -> s
           f"#   python -m mcallreduce.bench.cluster --prefix {ns.prefix} up --hosts H --rate {ns.rate} --ranks-per-host R",
           "#   (first setup) python -m mcallreduce.sim.calibrate rank   on 2 ranks (host0-host1, and inside host 0)",
           f"#   python -m mcallreduce.bench.cluster --prefix {ns.prefix} run -- .venv/bin/python -m mcallreduce.bench "
-          f"--sizes {ns.sizes} --algorithms {','.join(ALGOS)} --warmup {ns.warmup} --iters {ns.iters} --json ...",
+          f"--sizes {ns.sizes} --algorithms {','.join(ALGOS)} --warmup {ns.warmup} --iters {ns.iters} --seconds {ns.seconds:g} --json ...",
           f"#   (4x1 only) the same with --sizes {ns.big} --warmup 0 --iters 2",
           f"#   python -m mcallreduce.bench.cluster --prefix {ns.prefix} down",
           ".venv/bin/python -m mcallreduce.bench report --skip-measure   # re-model / re-plot from docs/data",
           "```", "",
           f"Cut to fit ~20 minutes on 2 shared cores: sizes {ns.sizes} (plus {ns.big} on 4x1 only), "
-          f"{ns.iters} timed iterations after {ns.warmup} warm-up (median of the slowest rank), "
+          + (f"{ns.iters} timed iterations" if ns.iters > 0 else
+           f"about {ns.seconds:g} s of timed iterations per size and algorithm (at least 3, at most 200)")
+          + f" after {ns.warmup} warm-up (median of the slowest rank), "
           "one run per setup; no 128M on 8 hosts or with 2 ranks per host."]
     if not any(r["algorithm"] == "horovod" for s in setups for r in s["records"]):
         L += ["Stock Horovod (`horovod.torch`) was not installed in the venv when the sweep ran, so it has no "
@@ -482,10 +494,14 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
     def t(name, a, size):
         r = lookup(setups, name, a, size)
         return r["time_s"] if r else float("nan")
+
+    def bus(name, a, size=32 << 20):   # busbw / the configured link rate
+        s = next((s for s in setups if s["setup"] == name), None)
+        return (2 * (s["hosts"] - 1) / s["hosts"] * size / t(name, a, size) / parse_rate(s["rate"])
+                if s else float("nan"))
     out = ["", "**Where the goals stand, and what the model says** (the report recomputes these numbers):", ""]
     choice = next((r for r in tuning.get("8h1r", []) if r["size_bytes"] == 64 << 10), {})
     rate8 = next((s["rate"] for s in setups if s["setup"] == "8h1r"), "200mbit")
-    from ..sim.model import parse_rate
     bound8 = 2 * 7 / 8 * (64 << 10) / (parse_rate(rate8) * cal.get("nic_efficiency", 1.0))
     d, ds, de = (cal.get(k, float("nan")) for k in ("duplex", "duplex_small", "duplex_eager"))
     out.append(
@@ -501,14 +517,15 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"segments, 2026-11-30). The runtime therefore pipelines every message of every schedule that crosses "
         f"hosts in segments under the eager limit (60 KiB; `OMPI_MCA_btl_tcp_eager_limit` is respected).")
     out.append(
-        f"* *Large messages, one rank per host.* On up to 8 hosts the default is one color per host (a direct "
-        f"reduce-scatter + allgather: the same bytes per link as the ring). Multicolor/ring at 32 MiB on 4 "
+        f"* *Large messages, one rank per host.* Above 256 KiB on up to 8 hosts the colors cross hosts on "
+        f"rings (route \"ring\"), and with one rank per host that is one ring: multicolor/ring at 32 MiB on 4 "
         f"hosts = {t('4h1r', 'ring', 32 << 20) / t('4h1r', 'multicolor', 32 << 20):.2f}x, Open MPI's ring/ours = "
         f"{t('4h1r', 'ring', 32 << 20) / t('4h1r', 'mpi-ring', 32 << 20):.2f}x. Both are bandwidth-optimal, so "
-        f"\"1.1x Open MPI's ring\" would need more than the link carries; what remains between the star and the "
-        f"ring is three flows sharing each shaped NIC per direction (an MPI all-to-all of eager segments got "
-        f"0.90-0.93 of a ring pattern's rate per host, 2026-11-30) and the per-message cost of 4 ranks "
-        f"progressing ~800 requests each on 2 shared cores.")
+        f"\"1.1x Open MPI's ring\" would need {1.1 * (t('4h1r', 'ring', 32 << 20) / t('4h1r', 'mpi-ring', 32 << 20)) * bus('4h1r', 'ring'):.2f} "
+        f"of the link where the calibrated NIC efficiency is {cal.get('nic_efficiency', float('nan')):.2f}. "
+        f"The trees (one star per host) sent the same bytes but as three two-way flows per shaped NIC and "
+        f"reached 0.78-0.85 of the link where the ring reached 0.90 (2026-11-30: an MPI all-to-all of eager "
+        f"segments got 0.90-0.93 of a ring pattern's rate per host).")
     out.append(
         f"* *Two ranks per host, 32 MiB.* Hierarchical multicolor vs flat ring: "
         f"{t('4h2r', 'ring', 32 << 20) / t('4h2r', 'multicolor', 32 << 20):.2f}x (4 hosts), "
@@ -575,7 +592,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cal_doc = json.loads((data / "calibration.json").read_text()) if (data / "calibration.json").exists() else {}
     pts = model_points(setups, cal_doc.get("fit"))
     write_json(data / "model-vs-measured.json", pts)
-    from ..sim.model import parse_rate
     from ..sim.tuner import table
     tuning = {}
     for s in setups:

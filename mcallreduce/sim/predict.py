@@ -22,7 +22,7 @@ from .simulate import simulate
 __all__ = ["ALGORITHMS", "predict", "schedule_for", "runtime_params", "CHECK_BYTES"]
 
 ALGORITHMS = SCHEDULED + ("mpi", "mpi-ring", "horovod")
-CHECK_BYTES = 22 * 8   # the runtime's metadata vector: 11 int64 fields and their negations
+CHECK_BYTES = 26 * 8   # the runtime's metadata vector: 13 int64 fields and their negations
 
 
 def runtime_params(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4) -> Params:

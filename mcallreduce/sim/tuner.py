@@ -74,6 +74,9 @@ def candidates(model: ClusterModel, nbytes: int, itemsize: int = 4,
                     if seg and seg * k * 2 > nelem:
                         continue
                     out.append(("multicolor", Params(colors=k, segment=seg, hierarchical=hier)))
+                k = L if hier else 1                           # the colors on rings across hosts
+                if N > 1 and not (seg and seg * k * 2 > nelem):
+                    out.append(("multicolor", Params(colors=k, segment=seg, hierarchical=hier, route="ring")))
         if "multicolor" in algorithms and seg_bytes == 0:
             out.append(("doubling", Params(segment=0)))   # the family's latency regime
         if "ring" in algorithms and seg_bytes in (0, 256 << 10):
@@ -123,7 +126,7 @@ def table(model: ClusterModel, sizes: Sequence[int], itemsize: int = 4) -> List[
         best_ring = next((t, p) for t, a, p in scored if a == "ring")
         t, a, p = best_mc
         rows.append({"size_bytes": n, "algorithm": a, "colors": p.colors, "segment_bytes": p.segment * itemsize,
-                     "hierarchical": p.hierarchical, "predicted_s": t,
+                     "hierarchical": p.hierarchical, "route": p.route, "predicted_s": t,
                      "ring_predicted_s": best_ring[0], "ring_segment_bytes": best_ring[1].segment * itemsize,
                      "speedup_vs_ring": best_ring[0] / t})
     return rows
@@ -150,7 +153,8 @@ def lookup(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int = 4,
     seg = row["segment_bytes"] // itemsize if row["segment_bytes"] else 0
     if row.get("algorithm") == "doubling":
         return "doubling", Params(segment=0)
-    return "multicolor", Params(colors=row["colors"], segment=seg, hierarchical=row["hierarchical"])
+    return "multicolor", Params(colors=row["colors"], segment=seg, hierarchical=row["hierarchical"],
+                                route=row.get("route", "tree"))
 
 
 def auto_params(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int = 4) -> Tuple[str, Params]:

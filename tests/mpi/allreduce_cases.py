@@ -208,9 +208,10 @@ def hierarchy_and_colors_variants_agree():
     comm.Allreduce(MPI.IN_PLACE, ref)
     for colors in (1, 2, 3, 5):
         for hierarchy in (True, False):
-            x = data(n, np.int32)
-            mcallreduce.allreduce(x, colors=colors, hierarchy=hierarchy, segment_bytes=32 << 10)
-            assert np.array_equal(x, ref), (colors, hierarchy)
+            for route in ("tree", "ring"):
+                x = data(n, np.int32)
+                mcallreduce.allreduce(x, colors=colors, hierarchy=hierarchy, segment_bytes=32 << 10, route=route)
+                assert np.array_equal(x, ref), (colors, hierarchy, route)
 
 
 @case

@@ -1,4 +1,4 @@
-"""Ranks with different MCALLREDUCE_COLORS must all raise MismatchError (not hang)."""
+"""Ranks with different MCALLREDUCE_COLORS, or different routes, must all raise MismatchError (not hang)."""
 import os
 
 from mpi4py import MPI
@@ -9,9 +9,11 @@ import numpy as np  # noqa: E402
 
 import mcallreduce  # noqa: E402
 
-try:
-    mcallreduce.allreduce(np.ones(1 << 20, np.float32))
-    print(f"rank {MPI.COMM_WORLD.Get_rank()} did not raise")
-except mcallreduce.MismatchError as exc:
-    assert "colors" in str(exc), exc
-    print(f"rank {MPI.COMM_WORLD.Get_rank()} raised MismatchError: {exc}")
+rank = MPI.COMM_WORLD.Get_rank()
+for what, kwargs in (("colors", {}), ("route", {"colors": 2, "route": ("tree", "ring")[rank % 2]})):
+    try:
+        mcallreduce.allreduce(np.ones(1 << 20, np.float32), **kwargs)
+        print(f"rank {rank} did not raise")
+    except mcallreduce.MismatchError as exc:
+        assert what in str(exc), exc
+        print(f"rank {rank} raised MismatchError: {exc}")
