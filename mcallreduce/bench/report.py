@@ -461,12 +461,13 @@ def markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning) -> s
     L += ["", "</details>", ""]
     if tuning:
         L += ["### Model-tuned multicolor parameters (what `python -m mcallreduce.bench tune` writes)", "",
-              "| setup | size | colors | segment | hierarchical | predicted ms | best ring ms | vs ring |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| setup | size | algorithm | colors | segment | hierarchical | route | predicted ms | best ring ms "
+              "| vs ring |", "|---|---|---|---|---|---|---|---|---|---|"]
         for name, rows in tuning.items():
             for r in rows:
-                L.append(f"| {name} | {human(r['size_bytes'])} | {r['colors']} | {human(r['segment_bytes'])} | "
-                         f"{r['hierarchical']} | {r['predicted_s'] * 1e3:.2f} | {r['ring_predicted_s'] * 1e3:.2f} | "
+                L.append(f"| {name} | {human(r['size_bytes'])} | {r.get('algorithm', 'multicolor')} | {r['colors']} | "
+                         f"{human(r['segment_bytes'])} | {r['hierarchical']} | {r.get('route', 'tree')} | "
+                         f"{r['predicted_s'] * 1e3:.2f} | {r['ring_predicted_s'] * 1e3:.2f} | "
                          f"{r['speedup_vs_ring']:.2f}x |")
         L.append("")
     if paper_rows:

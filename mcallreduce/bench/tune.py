@@ -3,7 +3,7 @@
     .venv/bin/python -m mcallreduce.bench tune                       # emulated cluster, 4 and 8 hosts x 1, 2
     .venv/bin/python -m mcallreduce.bench tune --model paper --hosts 32 --ranks-per-host 4 --nics 2
 
-For every layout and size, every candidate (colors, segment, hierarchy) of the
+For every layout and size, every candidate (colors, segment, hierarchy, route) of the
 multicolor schedule is played on the cost model (:mod:`mcallreduce.sim`) and the
 fastest is kept; the best ring is shown for comparison. The model is the emulated
 cluster with the constants of the last calibration (docs/data/calibration.json, or
@@ -52,10 +52,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rows = table(m, sizes)
             tables[name], models[name] = rows, m.to_dict()
             print(f"# {m.describe()}")
-            print(f"{'size':>6} {'algorithm':>10} {'colors':>6} {'segment':>8} {'hier':>5} {'pred ms':>9} {'ring ms':>9} {'vs ring':>8}")
+            print(f"{'size':>6} {'algorithm':>10} {'colors':>6} {'segment':>8} {'hier':>5} {'route':>5} {'pred ms':>9} {'ring ms':>9} {'vs ring':>8}")
             for row in rows:
                 print(f"{human(row['size_bytes']):>6} {row['algorithm']:>10} {row['colors']:>6} {human(row['segment_bytes']):>8} "
-                      f"{str(row['hierarchical'])[0]:>5} {row['predicted_s'] * 1e3:>9.3f} "
+                      f"{str(row['hierarchical'])[0]:>5} {row['route']:>5} {row['predicted_s'] * 1e3:>9.3f} "
                       f"{row['ring_predicted_s'] * 1e3:>9.3f} {row['speedup_vs_ring']:>7.2f}x")
             sys.stdout.flush()
     if ns.out != "-":
