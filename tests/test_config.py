@@ -71,7 +71,8 @@ def test_size_table():
     assert (p.route, p.colors) == ("tree", 4)         # one color per host: direct reduce-scatter
     _, p = resolve(Config(), 64 << 20, 4, [[r] for r in range(9)])
     assert p.route == "tree"                          # the ring route is measured up to 8 hosts
-    assert resolve(Config(), 256 << 10, 4, flat4)[1].route == "tree"   # medium: trees (2 log N hops)
+    assert resolve(Config(), 128 << 10, 4, flat4)[1].route == "tree"   # medium: trees (2 log N hops)
+    assert resolve(Config(), 256 << 10, 4, flat4)[1].route == "ring"
     _, p = resolve(Config(route="ring", colors=3), 1 << 20, 4, flat4)
     assert (p.colors, p.segment) == (3, (60 << 10) // 4)
     _, p = resolve(Config(colors=3, segment_bytes=0, hierarchy=False), 64 << 20, 8, one_host_two)

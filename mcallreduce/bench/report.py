@@ -518,7 +518,7 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"segments, 2026-11-30). The runtime therefore pipelines every message of every schedule that crosses "
         f"hosts in segments under the eager limit (60 KiB; `OMPI_MCA_btl_tcp_eager_limit` is respected).")
     out.append(
-        f"* *Large messages, one rank per host.* Above 256 KiB on up to 8 hosts the colors cross hosts on "
+        f"* *Large messages, one rank per host.* From 256 KiB on up to 8 hosts the colors cross hosts on "
         f"rings (route \"ring\"), and with one rank per host that is one ring: multicolor/ring at 32 MiB on 4 "
         f"hosts = {t('4h1r', 'ring', 32 << 20) / t('4h1r', 'multicolor', 32 << 20):.2f}x, Open MPI's ring/ours = "
         f"{t('4h1r', 'ring', 32 << 20) / t('4h1r', 'mpi-ring', 32 << 20):.2f}x. Both are bandwidth-optimal, so "
