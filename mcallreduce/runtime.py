@@ -196,6 +196,13 @@ class Context:
             hosts.setdefault(lead, []).append(rank)
         return [hosts[k] for k in sorted(hosts)]
 
+    def release_shared(self) -> None:
+        """Free the shared-memory window now (collective); later calls run without it."""
+        if self.shared is not None:
+            self.shared.free()
+            self.shared = None
+            self._plans.clear()   # plans made for the window's slots
+
     def next_seq(self) -> int:
         seq, self._seq = self._seq, self._seq + 1
         return seq

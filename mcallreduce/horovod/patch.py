@@ -109,5 +109,13 @@ def _stop_progress() -> None:
         return
     ROUTER.active = False
     from mcallreduce import runtime
-    runtime.Context.get(ROUTER.comm).engine.stop_thread()
+    ctx = runtime.Context.get(ROUTER.comm)
+    ctx.engine.stop_thread()
+    # The shared-memory window too, before the barrier: once any rank enters Horovod's
+    # shutdown, every rank's Horovod thread may finalize MPI, and MPI_Finalize frees a window
+    # still listed with a barrier among its ranks, which hangs once the other rank has exited.
+    # Freed at atexit (after this barrier) it could still be listed when a faster rank shut
+    # Horovod down: seen under load, a rank's Horovod thread stuck in ompi_win_finalize ->
+    # osc_sm_free -> barrier (2 of 14 join jobs with a CPU hog; 0 of 15 with this order).
+    ctx.release_shared()   # collective: every rank is here
     ROUTER.exit_comm.Barrier()
