@@ -25,6 +25,7 @@ from .engine import MAX_SCHEDULE_TAGS, META_TAG, OPS, SYNC_PAYLOAD, SYNC_TAG, TA
 from .errors import MismatchError
 from .schedule import Schedule
 from . import shared as _shared
+from .shared import scale_
 
 __all__ = ["Context", "Handle", "allreduce", "allreduce_async", "start_progress_thread", "OPS", "DTYPES"]
 
@@ -65,17 +66,6 @@ def as_array(buf: Any) -> np.ndarray:
     if not arr.flags.writeable:
         raise ValueError("mcallreduce: buffer is read-only")
     return arr.reshape(-1)
-
-
-def scale_(arr: np.ndarray, factor: float) -> None:
-    """arr *= factor in place; integers are scaled in float64 and truncated, as Horovod does."""
-    if factor == 1.0:
-        return
-    if arr.dtype.kind == "f":
-        np.multiply(arr, arr.dtype.type(factor) if arr.dtype == np.float16 else factor, out=arr,
-                    casting="unsafe")
-    else:
-        arr[...] = (arr.astype(np.float64) * factor).astype(arr.dtype)
 
 
 # ---------------------------------------------------------------------------- shared memory

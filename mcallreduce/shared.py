@@ -39,7 +39,7 @@ import numpy as np
 
 from .schedule import split_even
 
-__all__ = ["ALIGN", "areas", "colors", "publish", "sources", "reduce_color", "collect"]
+__all__ = ["ALIGN", "areas", "colors", "publish", "sources", "reduce_color", "collect", "scale_"]
 
 ALIGN = 4096   # slots start on page boundaries
 
@@ -88,3 +88,16 @@ def reduce_color(data: Sequence[np.ndarray], result: np.ndarray, color: int, ufu
 def collect(arr: np.ndarray, result: np.ndarray) -> None:
     """Step 3: copy the result area into ``arr``."""
     arr[...] = result
+
+
+def scale_(arr: np.ndarray, factor: float) -> None:
+    """arr *= factor in place; integers are scaled in float64 and truncated, as Horovod does
+    (the runtime's prescale and postscale, the shared stage's too; here, in numpy without MPI,
+    so tests can use it)."""
+    if factor == 1.0:
+        return
+    if arr.dtype.kind == "f":
+        np.multiply(arr, arr.dtype.type(factor) if arr.dtype == np.float16 else factor, out=arr,
+                    casting="unsafe")
+    else:
+        arr[...] = (arr.astype(np.float64) * factor).astype(arr.dtype)

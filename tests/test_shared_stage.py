@@ -7,12 +7,7 @@ import numpy as np
 import pytest
 
 from mcallreduce import shared
-
-
-def scale_(arr, factor):
-    # the runtime's prescale for the factors used here (mcallreduce.runtime imports mpi4py.MPI,
-    # which must stay out of the pytest process: tests/conftest.py)
-    np.multiply(arr, factor, out=arr, casting="unsafe")
+from mcallreduce.shared import scale_   # the runtime's (mcallreduce.runtime itself imports mpi4py.MPI)
 
 DTYPES = (np.float16, np.float32, np.float64, np.int32, np.int64)
 

@@ -27,8 +27,8 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path

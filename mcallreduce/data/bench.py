@@ -370,8 +370,8 @@ def run(args) -> int:
         print(f"wrote {args.out}/decode.json", file=sys.stderr)
         return 0
     limits = parse_read_limits(args.cold_read_limits)
-    if limits:
-        ReadThrottle(root)   # fails here, before any work, where reads cannot be limited
+    # made here, so it fails before any work where reads cannot be limited; entered below
+    throttle = ReadThrottle(root) if limits else None
     start = time.perf_counter()
     report = pack(root, store_path, workers=os.cpu_count(), progress=False)
     pack_s = time.perf_counter() - start
@@ -388,8 +388,7 @@ def run(args) -> int:
     time_epochs(folder, args, 1)   # warm-up (imports, thread pool, page cache)
     memory = InMemoryImageFolder(store, transform)
     raw, raw_memory = FolderDataset(root, NoDecode()), InMemoryImageFolder(store, NoDecode())
-    with contextlib.ExitStack() as stack:
-        throttle = stack.enter_context(ReadThrottle(root)) if limits else None
+    with throttle or contextlib.nullcontext():
         results.update(round_robin(source_paths(folder, memory, throttle, limits), args, args.epochs))
         # The same sources without decoding: what the storage alone delivers.
         results["read_only"] = round_robin(source_paths(raw, raw_memory, throttle, limits), args, 3)
