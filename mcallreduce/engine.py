@@ -22,8 +22,11 @@ Two ways to drive it:
   engine lock, in the calling thread;
 * a background progress thread (:meth:`Engine.start_thread`, used by the
   Horovod plugin to overlap communication with the backward pass): new
-  allreduces are queued and a one-byte message to self wakes the thread out of
-  ``Waitsome``; handles then just wait for an event.
+  allreduces are queued, and an event plus a one-byte message to self wake the
+  thread (the message gets it out of ``Waitsome``); handles then just wait for
+  an event. With nothing in flight the thread sleeps on that event instead of
+  waiting in MPI, whose progress loop polls a core (with ``mpi_yield_when_idle``
+  it yields, but stays runnable) that the backward pass could use.
 """
 from __future__ import annotations
 
@@ -93,6 +96,7 @@ class Engine:
         self._thread_lock = threading.Lock()
         self._stop = False
         self._wake_comm: Optional[MPI.Comm] = None
+        self._kick = threading.Event()   # new work or stop, for the progress thread
         self._shared_queue: Deque["Handle"] = collections.deque()   # one shared call at a time
         self._shared_busy: Optional["Handle"] = None
 
@@ -334,6 +338,7 @@ class Engine:
             self._thread = None
 
     def _wake(self) -> None:
+        self._kick.set()
         # An eager one-byte send to ourselves completes at once and makes Waitsome return.
         self._wake_comm.Send([b"\0", MPI.BYTE], dest=self.ctx.rank, tag=0)
 
@@ -342,10 +347,14 @@ class Engine:
         wake = self._wake_comm.Irecv([buf, MPI.BYTE], source=self.ctx.rank, tag=0)
         with self.lock:   # the thread owns the engine; callers only queue and wait
             while True:
+                self._kick.clear()
                 while self._queue:
                     self._admit(self._queue.popleft())
                 if self._stop and not self.reqs and not self._queue:
                     break
+                if not self.reqs:       # idle: sleep until a submission or stop, off the cores
+                    self._kick.wait()
+                    continue
                 indices = MPI.Request.Waitsome(self.reqs + [wake]) or []
                 if len(self.reqs) in indices:      # woken: new work or stop
                     indices.remove(len(self.reqs))

@@ -146,9 +146,11 @@ class _Hazards:
 class Builder:
     """Collects transfers for all ranks, then derives tags, scratch slots and dependencies.
 
-    ``depth`` is the number of scratch slots per (receiver, sender, color): how many
-    segments from one peer may be in flight before the receiver must have reduced
-    the oldest one. It bounds scratch memory to depth x segment per peer and color.
+    ``depth`` is the number of scratch slots per (receiver, sender, color, lane): how
+    many segments from one peer may be in flight before the receiver must have reduced
+    the oldest one. It bounds scratch memory to depth x segment per peer, color and
+    lane. A lane is a stream within a color that gets slots of its own (a ring's
+    chunks: each chunk's segments then pipeline as they do in a flat ring).
     """
 
     def __init__(self, nranks: int, nelem: int, depth: int = 4):
@@ -157,11 +159,11 @@ class Builder:
         self.depth = max(1, depth)
         self._ops: List[List[tuple]] = [[] for _ in range(nranks)]
         self._tags: Dict[Tuple[int, int], int] = {}
-        self._slot_use: Dict[Tuple[int, int, int], int] = {}    # (dst, src, color) -> uses so far
-        self._slot_size: Dict[Tuple[int, int, int], int] = {}   # (dst, src, color) -> max count
+        self._slot_use: Dict[Tuple[int, int, int, int], int] = {}    # (dst, src, color, lane) -> uses
+        self._slot_size: Dict[Tuple[int, int, int, int], int] = {}   # (dst, src, color, lane) -> max count
 
     def transfer(self, src: int, dst: int, offset: int, count: int, reduce: bool, color: int = 0,
-                 incoming_left: bool = False) -> None:
+                 incoming_left: bool = False, lane: int = 0) -> None:
         """Move buf[offset:+count] from ``src`` to ``dst``; add it into dst's copy if ``reduce``.
 
         ``incoming_left`` makes the reduction op(src's data, dst's data) instead of
@@ -170,7 +172,7 @@ class Builder:
         if count <= 0 or src == dst:
             return
         tag = self._send(src, dst, offset, count, color)
-        self._receive(src, dst, offset, count, tag, reduce, color, incoming_left)
+        self._receive(src, dst, offset, count, tag, reduce, color, incoming_left, lane)
 
     def exchange(self, a: int, b: int, offset: int, count: int, color: int = 0) -> None:
         """Ranks ``a`` and ``b`` swap buf[offset:+count] and both reduce it, operands in rank order.
@@ -193,9 +195,9 @@ class Builder:
         return tag
 
     def _receive(self, src: int, dst: int, offset: int, count: int, tag: int, reduce: bool,
-                 color: int, incoming_left: bool) -> None:
+                 color: int, incoming_left: bool, lane: int = 0) -> None:
         if reduce:
-            key = (dst, src, color)
+            key = (dst, src, color, lane)
             use = self._slot_use.get(key, 0)
             self._slot_use[key] = use + 1
             self._slot_size[key] = max(self._slot_size.get(key, 0), count)
@@ -211,8 +213,8 @@ class Builder:
 
     def _build_rank(self, rank: int) -> RankProgram:
         ops = self._ops[rank]
-        # Lay out this rank's scratch slots: one region per (sender, color), depth slots each.
-        base: Dict[Tuple[int, int, int], int] = {}
+        # Lay out this rank's scratch slots: one region per (sender, color, lane), depth slots each.
+        base: Dict[Tuple[int, int, int, int], int] = {}
         total = 0
         for key in sorted(k for k in self._slot_size if k[0] == rank):
             base[key] = total

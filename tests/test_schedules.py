@@ -192,6 +192,18 @@ def test_ring_route_sends_each_hosts_share_one_way_to_one_neighbour():
         build_multicolor(hosts, n, colors=2, route="star")
 
 
+def test_ring_route_of_one_color_pipelines_as_deep_as_the_flat_ring():
+    # one rank per host and one color: the route is the flat ring, and every chunk keeps
+    # depth scratch slots of its own, so the same segments are in flight (same dependencies)
+    for p, n, seg in ((4, 1 << 14, 256), (5, 1000, 64), (8, 4096, 0)):
+        ring = build_schedule("ring", flat(p), n, Params(segment=seg, depth=2))
+        routed = build_multicolor(flat(p), n, colors=1, segment=seg, route="ring", depth=2)
+        for a, b in zip(ring.programs, routed.programs):
+            assert [(s.op, s.peer, s.offset, s.count, s.scratch, s.tag, s.deps) for s in a.steps] == \
+                   [(s.op, s.peer, s.offset, s.count, s.scratch, s.tag, s.deps) for s in b.steps]
+            assert a.scratch_elems == b.scratch_elems
+
+
 def test_pipelining_bounds_scratch_memory():
     sched = build_schedule("multicolor", flat(4), 1 << 16, Params(colors=2, segment=1024, depth=4))
     for prog in sched.programs:

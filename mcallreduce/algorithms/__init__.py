@@ -30,7 +30,7 @@ class Params:
     segment: int = 0             # pipeline segment in elements; 0 = one message per slice
     fanout: Optional[int] = None  # multicolor: minimum children per interior node (None: max(2, colors))
     hierarchical: bool = True    # multicolor: reduce inside hosts first
-    depth: int = 4               # scratch slots per (peer, color): segments in flight
+    depth: int = 4               # scratch slots per (peer, color, lane): segments in flight
     shared: bool = False         # multicolor on one host through a shared-memory window
                                  # (mcallreduce/shared.py): no schedule, no messages but syncs
     route: str = "tree"          # multicolor: how a color crosses hosts, "tree" or "ring"

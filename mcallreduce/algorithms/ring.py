@@ -25,8 +25,10 @@ def build_ring(hosts: Sequence[Sequence[int]], nelem: int, segment: int = 0, dep
 def ring_steps(b: Builder, ring: Sequence[int], offset: int, count: int, segment: int, color: int = -1) -> None:
     """Allreduce of buf[offset:+count] around ``ring`` (ranks in ring order) into ``b``.
 
-    ``color`` -1 gives every chunk its own color (the flat ring: chunk i's scratch slots
-    and report line); otherwise every step has that color (one color of a multicolor).
+    ``color`` -1 gives every chunk its own color (the flat ring: chunk i's report line);
+    otherwise every step has that color (one color of a multicolor). Either way every
+    chunk has scratch slots of its own (a color per chunk, or a lane per chunk in one
+    color), so a ring route pipelines exactly as deep as the flat ring.
     """
     p = len(ring)
     chunks = [(offset + off, cnt) for off, cnt in split_even(count, p)]
@@ -38,4 +40,4 @@ def ring_steps(b: Builder, ring: Sequence[int], offset: int, count: int, segment
                 off, cnt = chunks[chunk]
                 for seg_off, seg_cnt in segments(off, cnt, segment):
                     b.transfer(ring[pos], ring[(pos + 1) % p], seg_off, seg_cnt, reduce=reduce,
-                               color=chunk if color < 0 else color)
+                               color=chunk if color < 0 else color, lane=0 if color < 0 else chunk)

@@ -1,4 +1,6 @@
-"""Background progress thread: allreduces complete while the main thread computes."""
+"""Background progress thread: allreduces complete while the main thread computes, and an
+idle thread leaves the cores alone (it sleeps instead of polling MPI)."""
+import resource
 import time
 
 import numpy as np
@@ -28,6 +30,23 @@ try:
     mismatch = False
 except mcallreduce.MismatchError:
     mismatch = True
-oks = comm.gather((ok, mismatch), root=0)
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)   # every thread of this process
+    return usage.ru_utime + usage.ru_stime
+
+
+# Nothing in flight while the main thread sleeps: a thread that waited in MPI_Waitsome would
+# poll a core for the whole second (with mpi_yield_when_idle it yields, but keeps polling).
+comm.Barrier()
+before = cpu_seconds()
+time.sleep(1.0)
+idle_cpu = cpu_seconds() - before
+woken = np.full(1000, rank + 1, np.float64)
+mcallreduce.allreduce(woken)   # and it still wakes for new work
+ok = ok and idle_cpu < 0.25 and np.all(woken == size * (size + 1) / 2)
+oks = comm.gather((ok, mismatch, round(idle_cpu, 3)), root=0)
 if rank == 0:
-    print("THREAD", "ok" if all(a and b for a, b in oks) else f"FAILED {oks}", flush=True)
+    print("THREAD", "ok" if all(a and b for a, b, _ in oks) else f"FAILED {oks}", flush=True)
+    print("idle CPU seconds per rank:", [c for _, _, c in oks], flush=True)
