@@ -402,7 +402,8 @@ def bucket_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
 
 def progress_thread(ranks_on_host: int, environ: Optional[Mapping[str, str]] = None) -> bool:
     """MCALLREDUCE_PROGRESS_THREAD: auto starts the thread only when the host has a core to
-    spare for it (more cores than ranks), since MPI's progress loop polls a core."""
+    spare for it (more cores than ranks), since MPI's progress loop polls a core while
+    allreduces are in flight (an idle thread sleeps)."""
     value = _env(environ, PROGRESS_VARIABLE).lower()
     if value in ("", "auto"):
         return (os.cpu_count() or 1) > ranks_on_host

@@ -24,3 +24,13 @@ def test_bench_table_json_and_plot(tmp_path):
 def test_bench_rejects_unknown_algorithm():
     r = run(1, [sys.executable, "-m", "mcallreduce.bench", "--algorithms", "tree"], timeout=60)
     assert r.returncode != 0 and "unknown algorithm" in r.stderr
+
+
+def test_bench_time_budget_keeps_at_least_min_iters(tmp_path):
+    # --iters 0 sizes the run by --seconds; a tiny budget still times --min-iters calls
+    out = tmp_path / "m.json"
+    r = run(2, [sys.executable, "-m", "mcallreduce.bench", "--sizes", "1M", "--algorithms", "ring,mpi",
+                "--iters", "0", "--seconds", "0.000001", "--min-iters", "4", "--json", str(out), "--quiet"],
+            timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert {rec["iters"] for rec in json.loads(out.read_text())["records"]} == {4}

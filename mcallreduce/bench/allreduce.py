@@ -45,7 +45,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="float32", choices=["float16", "float32", "float64", "int32", "int64"])
     ap.add_argument("--warmup", type=int, default=2, help="untimed iterations per size (default 2)")
     ap.add_argument("--iters", type=int, default=0,
-                    help="timed iterations per size; 0 = about --seconds worth, between 3 and 200")
+                    help="timed iterations per size; 0 = about --seconds worth, between --min-iters and 200")
+    ap.add_argument("--min-iters", type=int, default=3,
+                    help="with --iters 0: at least this many timed iterations per size (default 3)")
     ap.add_argument("--seconds", type=float, default=0.5, help="time budget per (size, algorithm) when --iters is 0")
     ap.add_argument("--no-check", action="store_true", help="skip mcallreduce's cross-rank metadata check")
     ap.add_argument("--json", metavar="FILE", help="write one record per (algorithm, size)")
@@ -121,7 +123,7 @@ def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Nam
     iters = ns.iters
     if iters <= 0:  # a count from one call of each, agreed by all ranks
         one = comm.allreduce(sum(timed(a) for a in algorithms), op=MPI.MAX)
-        iters = int(min(200, max(3, ns.seconds * len(algorithms) / max(one, 1e-6))))
+        iters = int(min(200, max(ns.min_iters, ns.seconds * len(algorithms) / max(one, 1e-6))))
     times = np.empty((iters, len(algorithms)))
     for i in range(iters):
         for j, algorithm in enumerate(algorithms):

@@ -48,8 +48,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--prefix", default="mcrep", help="cluster name prefix (default %(default)s)")
     ap.add_argument("--iters", type=int, default=0,
                     help="timed iterations per size; 0 (default): about --seconds per (size, algorithm), "
-                         "at least 3 (small sizes get up to 200: their medians need them)")
+                         "at least --min-iters (small sizes get up to 200: their medians need them)")
     ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--min-iters", type=int, default=5,
+                    help="with --iters 0, at least this many per size (default 5: the 32 MiB goals "
+                         "are ratios of medians, and 3 calls of ~2 s moved them by 5-10 %%)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--skip-measure", action="store_true", help="only model and write, from the saved JSON")
     ap.add_argument("--latency-only", action="store_true",
@@ -102,7 +105,7 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
                 out = data / f"bench-{setup_name(hosts, rph)}{'-big' if k else ''}.json"
                 argv = [py, "-m", "mcallreduce.bench", "--sizes", sizes, "--algorithms", ",".join(ALGOS),
                         "--warmup", str(0 if k else ns.warmup), "--iters", str(2 if k else ns.iters),
-                        "--seconds", str(ns.seconds),
+                        "--seconds", str(ns.seconds), "--min-iters", str(ns.min_iters),
                         "--json", str(out), "--quiet",
                         "--label", f"emulated {hosts} hosts x {rph} ranks at {ns.rate}"]
                 proc = cluster.run(argv, env=env, timeout=1200)
@@ -135,10 +138,10 @@ for size in [int(s) for s in sys.argv[1].split(",")]:
     for _ in range(2):
         hvd.allreduce(x, op=hvd.Sum)
     iters = int(sys.argv[2])
-    if iters <= 0:   # about argv[3] seconds, at least 3, at most 200, agreed by all ranks
+    if iters <= 0:   # about argv[3] seconds, at least argv[4], at most 200, agreed by all ranks
         t0 = time.perf_counter(); hvd.allreduce(x, op=hvd.Sum); one = time.perf_counter() - t0
         one = float(hvd.allreduce(torch.tensor([one]), op=hvd.Max)[0])
-        iters = int(min(200, max(3, float(sys.argv[3]) / max(one, 1e-6))))
+        iters = int(min(200, max(int(sys.argv[4]), float(sys.argv[3]) / max(one, 1e-6))))
     ts = []
     for _ in range(iters):
         t0 = time.perf_counter(); hvd.allreduce(x, op=hvd.Sum); ts.append(time.perf_counter() - t0)
@@ -157,7 +160,7 @@ def measure_horovod(cluster, ns, env, data: Path) -> List[Dict]:
     script.write_text(HOROVOD_RANK)
     sizes = ",".join(str(parse_size(s)) for s in ns.sizes.split(","))
     try:
-        proc = cluster.run([sys.executable, str(script), sizes, str(ns.iters), str(ns.seconds)], env=env,
+        proc = cluster.run([sys.executable, str(script), sizes, str(ns.iters), str(ns.seconds), str(ns.min_iters)], env=env,
                            timeout=900)
     finally:
         script.unlink()
@@ -380,14 +383,14 @@ def markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning) -> s
           f"#   python -m mcallreduce.bench.cluster --prefix {ns.prefix} up --hosts H --rate {ns.rate} --ranks-per-host R",
           "#   (first setup) python -m mcallreduce.sim.calibrate rank   on 2 ranks (host0-host1, and inside host 0)",
           f"#   python -m mcallreduce.bench.cluster --prefix {ns.prefix} run -- .venv/bin/python -m mcallreduce.bench "
-          f"--sizes {ns.sizes} --algorithms {','.join(ALGOS)} --warmup {ns.warmup} --iters {ns.iters} --seconds {ns.seconds:g} --json ...",
+          f"--sizes {ns.sizes} --algorithms {','.join(ALGOS)} --warmup {ns.warmup} --iters {ns.iters} --seconds {ns.seconds:g} --min-iters {ns.min_iters} --json ...",
           f"#   (4x1 only) the same with --sizes {ns.big} --warmup 0 --iters 2",
           f"#   python -m mcallreduce.bench.cluster --prefix {ns.prefix} down",
           ".venv/bin/python -m mcallreduce.bench report --skip-measure   # re-model / re-plot from docs/data",
           "```", "",
           f"Cut to fit ~20 minutes on 2 shared cores: sizes {ns.sizes} (plus {ns.big} on 4x1 only), "
           + (f"{ns.iters} timed iterations" if ns.iters > 0 else
-           f"about {ns.seconds:g} s of timed iterations per size and algorithm (at least 3, at most 200)")
+           f"about {ns.seconds:g} s of timed iterations per size and algorithm (at least {ns.min_iters}, at most 200)")
           + f" after {ns.warmup} warm-up (median of the slowest rank), "
           "one run per setup; no 128M on 8 hosts or with 2 ranks per host."]
     if not any(r["algorithm"] == "horovod" for s in setups for r in s["records"]):
@@ -541,6 +544,9 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"{next((s['barrier']['barrier_s'] * 1e3 for s in setups if s['setup'] == '8h1r' and s.get('barrier')), float('nan')):.1f} ms); "
         f"the default's trees (2 colors at 64 KiB) take about 2 log2(8) = 6 dependent hops of half the message, "
         f"the ring 14 hops of 1/8 of it, and at this size a hop's cost hardly depends on its bytes. "
+        f"The scheduling is most of it: a 4 KiB ping-pong between two of 8 emulated hosts took 163 us per "
+        f"message while the other six ranks waited in MPI and 29 us while they slept (2026-11-30; waiting "
+        f"without polling was tried and lost: docs/benchmarks.md, \"What a hop costs\"). "
         f"The model's choice for 64 KiB here (tuning table): {choice.get('algorithm', '?')} with "
         f"{choice.get('colors', '?')} colors, predicted {choice.get('speedup_vs_ring', float('nan')):.2f}x "
         f"over the ring. One color per host (`MCALLREDUCE_COLORS=8`) measured 0.75-0.77 of the ring's time "
