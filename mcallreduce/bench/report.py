@@ -336,6 +336,8 @@ def lookup(setups: List[Dict], name: str, algo: str, size: int) -> Optional[Dict
 
 
 def goals(setups: List[Dict], rate_Bps: float) -> List[Tuple[str, str, str, bool]]:
+    """(goal, target, measured, met) per issue goal; three decimals, so that a figure
+    just under its target does not print as the target itself."""
     out = []
 
     def g(name, a, size):
@@ -343,21 +345,21 @@ def goals(setups: List[Dict], rate_Bps: float) -> List[Tuple[str, str, str, bool
     mc, mpi, oring = g("4h1r", "multicolor", 32 << 20), g("4h1r", "mpi", 32 << 20), g("4h1r", "mpi-ring", 32 << 20)
     if mc and mpi and oring:
         frac = mc["busbw_Bps"] / rate_Bps
-        out.append(("4 hosts, 32 MiB: multicolor busbw / link rate", ">= 0.90", f"{frac:.2f}", frac >= 0.9))
+        out.append(("4 hosts, 32 MiB: multicolor busbw / link rate", ">= 0.90", f"{frac:.3f}", frac >= 0.9))
         x = mpi["time_s"] / mc["time_s"]
-        out.append(("4 hosts, 32 MiB: multicolor vs MPI default", ">= 1.3x", f"{x:.2f}x", x >= 1.3))
+        out.append(("4 hosts, 32 MiB: multicolor vs MPI default", ">= 1.3x", f"{x:.3f}x", x >= 1.3))
         x = oring["time_s"] / mc["time_s"]
-        out.append(("4 hosts, 32 MiB: multicolor vs Open MPI ring", ">= 1.1x", f"{x:.2f}x", x >= 1.1))
+        out.append(("4 hosts, 32 MiB: multicolor vs Open MPI ring", ">= 1.1x", f"{x:.3f}x", x >= 1.1))
     mc, ring = g("8h1r", "multicolor", 64 << 10), g("8h1r", "ring", 64 << 10)
     if mc and ring:
         x = mc["time_s"] / ring["time_s"]
-        out.append(("8 hosts, 64 KiB: multicolor time / ring time", "<= 0.5", f"{x:.2f}", x <= 0.5))
+        out.append(("8 hosts, 64 KiB: multicolor time / ring time", "<= 0.5", f"{x:.3f}", x <= 0.5))
     # the issue's goal is for 4 hosts (bound 1.17x); on 8 hosts the bound is 1.07x (see findings)
     mc, ring = g("4h2r", "multicolor", 32 << 20), g("4h2r", "ring", 32 << 20)
     if mc and ring:
         x = ring["time_s"] / mc["time_s"]
         out.append(("4 hosts x 2 ranks, 32 MiB: hierarchical multicolor vs flat ring", ">= 1.1x",
-                    f"{x:.2f}x", x >= 1.1))
+                    f"{x:.3f}x", x >= 1.1))
     return out
 
 
