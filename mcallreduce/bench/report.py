@@ -160,8 +160,8 @@ def measure_horovod(cluster, ns, env, data: Path) -> List[Dict]:
     script.write_text(HOROVOD_RANK)
     sizes = ",".join(str(parse_size(s)) for s in ns.sizes.split(","))
     try:
-        proc = cluster.run([sys.executable, str(script), sizes, str(ns.iters), str(ns.seconds), str(ns.min_iters)], env=env,
-                           timeout=900)
+        argv = [sys.executable, str(script), sizes, str(ns.iters), str(ns.seconds), str(ns.min_iters)]
+        proc = cluster.run(argv, env=env, timeout=900)
     finally:
         script.unlink()
     for line in proc.stdout.splitlines():
