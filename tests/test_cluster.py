@@ -169,6 +169,17 @@ def test_duplex_measures_one_way_and_two_way_streams(cluster):
 
 
 @needs_cluster
+def test_pingpong_times_a_hop_with_the_other_ranks_waiting_and_sleeping(cluster):
+    proc = cli("pingpong", "--size", "4K", "--count", "50", "-np", "4")   # 2 ranks per host
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {line[:14].strip(): float(line.split()[-1]) for line in proc.stdout.splitlines()
+            if line.startswith(("wait in MPI", "sleep"))}
+    assert sorted(rows) == ["sleep", "wait in MPI"], proc.stdout
+    # a message crosses the veths and the shaper: more than a microsecond, far less than 100 ms
+    assert all(1 < us < 100_000 for us in rows.values()), rows
+
+
+@needs_cluster
 def test_a_hung_job_is_killed_with_its_ranks(cluster):
     import glob
     sessions = set(glob.glob("/tmp/ompi.*/*"))   # the daemons' session directories

@@ -5,6 +5,7 @@
     python -m mcallreduce.bench.cluster run [-np N] [-x NAME=VALUE] -- python my_job.py
     python -m mcallreduce.bench.cluster check                  # raw TCP MB/s vs the rate
     python -m mcallreduce.bench.cluster allreduce --sizes 8M   # MPI_Allreduce busbw
+    python -m mcallreduce.bench.cluster pingpong               # a hop while other ranks wait vs sleep
     python -m mcallreduce.bench.cluster down
 
 Host i is namespace ``<prefix>-h<i>`` with NIC ``eth0`` (and ``eth1`` with two rails), one end of
@@ -474,6 +475,10 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     p_dx.add_argument("--segments", default="60K,256K,1M", help="message sizes, e.g. 60K,256K")
     p_dx.add_argument("--bytes", default="32M", help="bytes per direction and size")
     p_dx.add_argument("--window", type=int, default=8, help="messages in flight per direction")
+    p_pp = sub.add_parser("pingpong", help="host 0 <-> host 1 latency while the other ranks wait in MPI vs sleep")
+    p_pp.add_argument("--size", default="4K", help="message size (default %(default)s)")
+    p_pp.add_argument("--count", type=int, default=400, help="timed round trips per case")
+    p_pp.add_argument("-np", "--np", type=int, default=None, help="ranks (default hosts x R), placed by node")
     ns = parser.parse_args(args)
     try:
         cluster = Cluster(ns.prefix)
@@ -496,10 +501,12 @@ def main(args: Optional[Sequence[str]] = None) -> int:
                 print(" ".join(cluster.mpirun_argv(argv, np=ns.np, env=env)))
                 return 0
             return cluster.run(argv, np=ns.np, env=env, timeout=ns.timeout, capture=False).returncode
-        elif ns.action in ("check", "allreduce", "duplex"):
+        elif ns.action in ("check", "allreduce", "duplex", "pingpong"):
             from mcallreduce.bench import cluster_measure
             if ns.action == "check":
                 return cluster_measure.check_main(cluster, ns.seconds)
+            if ns.action == "pingpong":
+                return cluster_measure.pingpong_main(cluster, ns.size, ns.count, ns.np)
             if ns.action == "duplex":
                 return cluster_measure.duplex_main(cluster, ns.segments, ns.bytes, ns.window)
             return cluster_measure.allreduce_main(cluster, ns.sizes, ns.algorithm)

@@ -4,7 +4,9 @@
 sender/receiver, bounded in bytes and in time) against the configured rate.
 ``duplex``: MPI streams between two hosts, one way and both ways at once, per message size
 (a message above the TCP eager limit waits for a clear-to-send that queues behind the
-other direction's data). ``allreduce``: MPI_Allreduce bus bandwidth (busbw = size/time * 2(n-1)/n, the figure that a
+other direction's data). ``pingpong``: the latency of a message between host 0 and host 1
+while the other ranks wait in MPI (whose progress loop polls) and while they sleep, which
+is what a hop costs when ranks outnumber cores. ``allreduce``: MPI_Allreduce bus bandwidth (busbw = size/time * 2(n-1)/n, the figure that a
 bandwidth-optimal allreduce drives to the link rate) with Open MPI's default algorithm or its ring.
 
 The rank-side and socket-side halves run as ``python -m mcallreduce.bench.cluster_measure ...``
@@ -204,6 +206,64 @@ def duplex_rank(segments: Sequence[int], total: int, window: int) -> None:
                                   "MBps_per_direction": count * seg / seconds / 1e6}), flush=True)
 
 
+def pingpong_rank(nbytes: int, count: int) -> None:
+    """Rank side: ranks 0 and 1 (hosts 0 and 1 with --map-by node) ping-pong ``count``
+    messages of ``nbytes``, first while every other rank waits in a blocking MPI receive,
+    then while they sleep (a nonblocking receive tested every millisecond); rank 0 prints JSON."""
+    import numpy as np
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    buf = np.ones(max(1, nbytes), np.uint8)
+    for others in ("wait in MPI", "sleep"):
+        comm.Barrier()
+        if rank >= 2:
+            if others == "wait in MPI":
+                comm.recv(source=0, tag=8)
+            else:
+                req = comm.irecv(source=0, tag=8)
+                while not req.Test():
+                    time.sleep(1e-3)
+            continue
+        peer = 1 - rank
+        for timed in (False, True):
+            start = time.perf_counter()
+            for _ in range(count if timed else 10):
+                if rank == 0:
+                    comm.Send(buf, peer, tag=7)
+                    comm.Recv(buf, peer, tag=7)
+                else:
+                    comm.Recv(buf, peer, tag=7)
+                    comm.Send(buf, peer, tag=7)
+        seconds = time.perf_counter() - start
+        if rank == 0:
+            for q in range(2, comm.Get_size()):
+                comm.send(None, q, tag=8)
+            print(json.dumps({"others": others, "ranks": comm.Get_size(), "bytes": nbytes,
+                              "us_per_message": seconds / count / 2 * 1e6}), flush=True)
+
+
+def pingpong_main(cluster, size: str, count: int, np: Optional[int]) -> int:
+    """``cluster pingpong``: host 0 <-> host 1 latency with the other ranks waiting vs sleeping."""
+    from mcallreduce.bench.cluster import require_root, say
+    require_root()
+    cfg = cluster.config()
+    if cfg is None or cfg.hosts < 2:
+        print("the cluster is not up with at least 2 hosts", file=sys.stderr)
+        return 2
+    ranks = np or cfg.hosts * cfg.ranks_per_host
+    say(f"pingpong: host 0 <-> host 1 at {cfg.rate}, {parse_size(size)} B, {count} round trips, {ranks} ranks")
+    argv = [sys.executable, "-m", __name__, "pingpong-rank", "--bytes", str(parse_size(size)), "--count", str(count)]
+    proc = cluster.run(argv, np=ranks, extra=["--map-by", "node"], timeout=600)
+    if proc.returncode != 0:
+        print(f"pingpong job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}", file=sys.stderr)
+        return 1
+    print(f"{'other ranks':<14} {'us per message':>15}")
+    for row in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")):
+        print(f"{row['others']:<14} {row['us_per_message']:>15.1f}")
+    return 0
+
+
 def duplex_main(cluster, segments: str, total: str, window: int) -> int:
     """``cluster duplex``: one-way vs two-way MPI streams between host 0 and host 1."""
     from mcallreduce.bench.cluster import require_root, say
@@ -247,8 +307,13 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     p_duplex.add_argument("--segments", required=True, help="bytes, comma-separated")
     p_duplex.add_argument("--bytes", type=int, required=True)
     p_duplex.add_argument("--window", type=int, default=8)
+    p_pp = sub.add_parser("pingpong-rank")
+    p_pp.add_argument("--bytes", type=int, required=True)
+    p_pp.add_argument("--count", type=int, required=True)
     ns = parser.parse_args(args)
-    if ns.action == "duplex-rank":
+    if ns.action == "pingpong-rank":
+        pingpong_rank(ns.bytes, ns.count)
+    elif ns.action == "duplex-rank":
         duplex_rank([int(s) for s in ns.segments.split(",")], ns.bytes, ns.window)
     elif ns.action == "tcp-recv":
         print(json.dumps(tcp_receive(ns.port, ns.timeout)), flush=True)
