@@ -6,8 +6,9 @@ sender/receiver, bounded in bytes and in time) against the configured rate.
 (a message above the TCP eager limit waits for a clear-to-send that queues behind the
 other direction's data). ``pingpong``: the latency of a message between host 0 and host 1
 while the other ranks wait in MPI (whose progress loop polls) and while they sleep, which
-is what a hop costs when ranks outnumber cores. ``allreduce``: MPI_Allreduce bus bandwidth (busbw = size/time * 2(n-1)/n, the figure that a
-bandwidth-optimal allreduce drives to the link rate) with Open MPI's default algorithm or its ring.
+is what a hop costs when ranks outnumber cores. ``allreduce``: MPI_Allreduce bus bandwidth
+(busbw = size/time * 2(n-1)/n, the figure that a bandwidth-optimal allreduce drives to the
+link rate) with Open MPI's default algorithm or its ring.
 
 The rank-side and socket-side halves run as ``python -m mcallreduce.bench.cluster_measure ...``
 inside the namespaces; the drivers (``check_main``, ``allreduce_main``) are called by the CLI of
@@ -253,7 +254,8 @@ def pingpong_main(cluster, size: str, count: int, np: Optional[int]) -> int:
         return 2
     ranks = np or cfg.hosts * cfg.ranks_per_host
     say(f"pingpong: host 0 <-> host 1 at {cfg.rate}, {parse_size(size)} B, {count} round trips, {ranks} ranks")
-    argv = [sys.executable, "-m", __name__, "pingpong-rank", "--bytes", str(parse_size(size)), "--count", str(count)]
+    argv = [sys.executable, "-m", __name__, "pingpong-rank", "--bytes", str(parse_size(size)),
+            "--count", str(count)]
     proc = cluster.run(argv, np=ranks, extra=["--map-by", "node"], timeout=600)
     if proc.returncode != 0:
         print(f"pingpong job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}", file=sys.stderr)
