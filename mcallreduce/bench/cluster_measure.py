@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from ..config import parse_size  # the project's one size parser (8M, 64K, 1G)
 
@@ -244,45 +244,56 @@ def pingpong_rank(nbytes: int, count: int) -> None:
                               "us_per_message": seconds / count / 2 * 1e6}), flush=True)
 
 
-def pingpong_main(cluster, size: str, count: int, np: Optional[int]) -> int:
-    """``cluster pingpong``: host 0 <-> host 1 latency with the other ranks waiting vs sleeping."""
-    from mcallreduce.bench.cluster import require_root, say
+def _two_hosts(cluster):
+    """The config of a cluster that is up with at least 2 hosts (as root), or None, said why."""
+    from mcallreduce.bench.cluster import require_root
     require_root()
     cfg = cluster.config()
     if cfg is None or cfg.hosts < 2:
         print("the cluster is not up with at least 2 hosts", file=sys.stderr)
+        return None
+    return cfg
+
+
+def _rank_job(cluster, action: str, args: List[str], np: int) -> Optional[List[dict]]:
+    """Run ``<action>-rank`` of this module on ``np`` ranks placed by node (rank 0 on host 0,
+    rank 1 on host 1); the JSON lines rank 0 printed, or None (said why)."""
+    argv = [sys.executable, "-m", __name__, f"{action}-rank", *args]
+    proc = cluster.run(argv, np=np, extra=["--map-by", "node"], timeout=600)
+    if proc.returncode != 0:
+        print(f"{action} job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}", file=sys.stderr)
+        return None
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def pingpong_main(cluster, size: str, count: int, np: Optional[int]) -> int:
+    """``cluster pingpong``: host 0 <-> host 1 latency with the other ranks waiting vs sleeping."""
+    from mcallreduce.bench.cluster import say
+    cfg = _two_hosts(cluster)
+    if cfg is None:
         return 2
     ranks = np or cfg.hosts * cfg.ranks_per_host
     say(f"pingpong: host 0 <-> host 1 at {cfg.rate}, {parse_size(size)} B, {count} round trips, {ranks} ranks")
-    argv = [sys.executable, "-m", __name__, "pingpong-rank", "--bytes", str(parse_size(size)),
-            "--count", str(count)]
-    proc = cluster.run(argv, np=ranks, extra=["--map-by", "node"], timeout=600)
-    if proc.returncode != 0:
-        print(f"pingpong job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}", file=sys.stderr)
+    rows = _rank_job(cluster, "pingpong", ["--bytes", str(parse_size(size)), "--count", str(count)], ranks)
+    if rows is None:
         return 1
     print(f"{'other ranks':<14} {'us per message':>15}")
-    for row in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")):
+    for row in rows:
         print(f"{row['others']:<14} {row['us_per_message']:>15.1f}")
     return 0
 
 
 def duplex_main(cluster, segments: str, total: str, window: int) -> int:
     """``cluster duplex``: one-way vs two-way MPI streams between host 0 and host 1."""
-    from mcallreduce.bench.cluster import require_root, say
-    require_root()
-    cfg = cluster.config()
-    if cfg is None or cfg.hosts < 2:
-        print("the cluster is not up with at least 2 hosts", file=sys.stderr)
+    from mcallreduce.bench.cluster import say
+    cfg = _two_hosts(cluster)
+    if cfg is None:
         return 2
     say(f"duplex: host 0 <-> host 1 at {cfg.rate}, {window} messages in flight per direction")
-    argv = [sys.executable, "-m", __name__, "duplex-rank", "--segments",
-            ",".join(str(parse_size(s)) for s in segments.split(",")), "--bytes", str(parse_size(total)),
-            "--window", str(window)]
-    proc = cluster.run(argv, np=2, extra=["--map-by", "node"], timeout=600)
-    if proc.returncode != 0:
-        print(f"duplex job failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}", file=sys.stderr)
+    rows = _rank_job(cluster, "duplex", ["--segments", ",".join(str(parse_size(s)) for s in segments.split(",")),
+                                         "--bytes", str(parse_size(total)), "--window", str(window)], 2)
+    if rows is None:
         return 1
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     print(f"{'segment':>9} {'one way MB/s':>13} {'both ways MB/s':>15} {'ratio':>6}")
     for seg in dict.fromkeys(r["segment"] for r in rows):
         one = next(r["MBps_per_direction"] for r in rows if r["segment"] == seg and not r["both"])
