@@ -1,16 +1,13 @@
 """The MPI runtime: the public allreduce API over mpi4py.
 
-One :class:`Context` per user communicator owns two duplicates of it (data and
-control traffic never mix with the user's messages), the host layout, and one
-progress :class:`~mcallreduce.engine.Engine` that executes the schedules.
-This module turns a call into a :class:`Handle`: it validates the buffer,
-resolves the configuration for the message size, picks the (cached) schedule,
-and prepares the cross-rank metadata check that turns mismatched calls into an
-error on every rank instead of a hang.
+One :class:`Context` per user communicator owns three duplicates of it (data, checks
+and MPI's own collectives never mix with the user's messages), the host layout, the
+one-host shared-memory window and one :class:`~mcallreduce.engine.Engine`. A call
+becomes a :class:`Plan` (memoised per kind of call: algorithm, schedule lowered for the
+compiled executor, metadata vector) plus the buffer, and the engine runs it.
 """
 from __future__ import annotations
 
-import atexit
 import sys
 import threading
 from typing import Any, Dict, List, Optional
@@ -18,107 +15,27 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 from mpi4py import MPI
 
-from .algorithms import Params, build_schedule
+from . import _executor
 from . import config as _config
-from .config import ALGORITHMS, ROUTES, Config, ConfigError, resolve
-from .engine import MAX_SCHEDULE_TAGS, META_TAG, OPS, SYNC_PAYLOAD, SYNC_TAG, TAG_SPAN, Engine
-from .errors import MismatchError
+from .algorithms import Params, build_schedule
+from .config import Config, ConfigError
+from .engine import MAX_SCHEDULE_TAGS, TAG_SPAN, Engine, Handle
+from .lowering import lower
+from .memory import SharedWindow, as_array
+from .metadata import DTYPE_CODE, DTYPES, OP_CODE, REJECT_BUFFER, REJECT_CONFIG, mismatch, vector
+from .policy import ALGORITHMS, ROUTES, resolve
 from .schedule import Schedule
-from . import shared as _shared
-from .shared import scale_
 
 __all__ = ["Context", "Handle", "allreduce", "allreduce_async", "start_progress_thread", "OPS", "DTYPES"]
 
-#: supported element types (numpy names)
-DTYPES = ("float16", "float32", "float64", "int32", "int64")
-_DTYPE_CODE = {np.dtype(name): i + 1 for i, name in enumerate(DTYPES)}
+OPS = tuple(OP_CODE)   # sum, average, min, max, product
 _ALGO_CODE = {name: i + 1 for i, name in enumerate(ALGORITHMS)}
 _ROUTE_CODE = {name: i + 1 for i, name in enumerate(ROUTES)}
-_OP_CODE = {name: i + 1 for i, name in enumerate(OPS)}
-_CHECK_FIELDS = ("element count", "dtype", "algorithm", "op", "colors", "segment", "fanout",
-                 "hierarchy", "pipeline depth", "shared-memory stage", "scale factors", "route")
-_REJECT_REASONS = {1: "unsupported buffer", 2: "invalid configuration"}
+_MAX_MESSAGE_BYTES = (1 << 31) - 1   # the executor posts byte counts as C ints
 
-
-# ---------------------------------------------------------------------------- buffers
-
-def as_array(buf: Any) -> np.ndarray:
-    """Zero-copy 1-D numpy view of a contiguous numpy array or CPU torch tensor."""
-    if isinstance(buf, np.ndarray):
-        arr = buf
-    elif type(buf).__module__.startswith("torch"):
-        if buf.device.type != "cpu":
-            raise TypeError(f"mcallreduce: {buf.device.type} tensors are not supported yet; "
-                            "pass a CPU tensor (GPU buffers need a CUDA-aware MPI)")
-        if not buf.is_contiguous():
-            raise ValueError("mcallreduce: tensor is not contiguous; call .contiguous() first")
-        try:
-            arr = buf.detach().numpy()
-        except TypeError as exc:  # e.g. bfloat16 has no numpy equivalent
-            raise TypeError(f"mcallreduce: unsupported dtype {buf.dtype}; "
-                            f"supported: {', '.join(DTYPES)}") from exc
-    else:
-        raise TypeError(f"mcallreduce: expected a numpy array or a CPU torch tensor, got {type(buf).__name__}")
-    if arr.dtype not in _DTYPE_CODE:
-        raise TypeError(f"mcallreduce: unsupported dtype {arr.dtype.name}; supported: {', '.join(DTYPES)}")
-    if not arr.flags.c_contiguous:
-        raise ValueError("mcallreduce: buffer is not contiguous; pass np.ascontiguousarray(buf)")
-    if not arr.flags.writeable:
-        raise ValueError("mcallreduce: buffer is read-only")
-    return arr.reshape(-1)
-
-
-# ---------------------------------------------------------------------------- shared memory
-
-class SharedWindow:
-    """The MPI shared-memory window of a single-host communicator: p slots and a result area.
-
-    Created collectively with the library's duplicate of the communicator, kept for the
-    life of the process, freed at exit (before mpi4py finalizes MPI). The window is
-    locked once for passive-target access; ``sync`` (MPI_Win_sync) orders this rank's
-    loads and stores against the messages that tell peers a slot is ready.
-    """
-
-    def __init__(self, comm: MPI.Comm, slot_bytes: int):
-        self.nranks, self.rank = comm.Get_size(), comm.Get_rank()
-        self.slot_bytes = -(-slot_bytes // _shared.ALIGN) * _shared.ALIGN
-        total = _shared.areas(self.nranks) * self.slot_bytes
-        # rank 0 allocates the whole window, so the slots are one contiguous mapping
-        self.win = MPI.Win.Allocate_shared(total if self.rank == 0 else 0, 1, comm=comm)
-        base, _ = self.win.Shared_query(0)
-        self.mem = np.frombuffer(base, dtype=np.uint8, count=total)
-        self.win.Lock_all(MPI.MODE_NOCHECK)
-        atexit.register(self.free)
-
-    @classmethod
-    def create(cls, comm: MPI.Comm, slot_bytes: int) -> Optional["SharedWindow"]:
-        """A window when every rank of ``comm`` shares this host's memory, else None (collective)."""
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        together = node.Get_size() == comm.Get_size()
-        node.Free()
-        if not together or slot_bytes <= 0 or comm.Get_size() < 2:
-            return None
-        return cls(comm, slot_bytes)
-
-    def areas(self, dtype: np.dtype, nelem: int) -> List[np.ndarray]:
-        """Every rank's slot, then the result area, as ``nelem`` elements of ``dtype``."""
-        return [np.frombuffer(self.mem, dtype=dtype, count=nelem, offset=i * self.slot_bytes)
-                for i in range(_shared.areas(self.nranks))]
-
-    def sync(self) -> None:
-        self.win.Sync()
-
-    def free(self) -> None:
-        if self.win is not None and not MPI.Is_finalized():
-            self.win.Unlock_all()
-            self.win.Free()
-        self.win = None
-
-
-# ---------------------------------------------------------------------------- context
 
 class Context:
-    """Library state for one communicator: duplicated comms, host layout, engine."""
+    """Library state for one communicator: duplicated comms, host layout, window, engine."""
 
     _cache: Dict[int, "Context"] = {}
     _lock = threading.Lock()
@@ -126,7 +43,7 @@ class Context:
     def __init__(self, comm: MPI.Comm, config: Config):
         self.comm = comm.Dup()   # data messages of the schedules
         self.ctl = comm.Dup()    # metadata checks, posted in call order on every rank
-        self.coll = comm.Dup()   # "mpi" collectives, started when their check completes
+        self.coll = comm.Dup()   # "mpi" collectives, started in call order once checked
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.hosts = self._hosts(comm, config.ranks_per_host)
@@ -134,6 +51,9 @@ class Context:
         # and every call's metadata check is a point-to-point exchange (engine.py says why)
         self.shared = SharedWindow.create(self.comm, config.shm_bytes) if len(self.hosts) == 1 else None
         self.engine = Engine(self)
+        if self.shared is not None:
+            self.engine.set_window(self.shared.win, self.shared.address, self.shared.slot_bytes)
+        self.check_mode = _executor.CHECK_EXCHANGE if len(self.hosts) == 1 else _executor.CHECK_COLLECTIVE
         self._plans: Dict[tuple, Plan] = {}
         self.submit_lock = threading.Lock()   # allreduces get their sequence number in call order
         self._seq = 0
@@ -189,6 +109,7 @@ class Context:
     def release_shared(self) -> None:
         """Free the shared-memory window now (collective); later calls run without it."""
         if self.shared is not None:
+            self.engine.set_window(None, 0, 0)
             self.shared.free()
             self.shared = None
             self._plans.clear()   # plans made for the window's slots
@@ -199,160 +120,57 @@ class Context:
 
 
 class Plan:
-    """Algorithm, parameters, schedule and metadata vector of one kind of allreduce."""
+    """One kind of allreduce, resolved: algorithm, parameters, the lowered schedule, and
+    the executor's arguments that do not change from call to call."""
 
     def __init__(self, ctx: Context, config: Config, nelem: int, dtype: np.dtype, op: str,
                  pre: float, post: float):
         slot = ctx.shared.slot_bytes if ctx.shared is not None else 0
         self.algorithm, self.params = resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, slot)
-        self.post = post / ctx.size if op == "average" else post
         self.schedule: Optional[Schedule] = None
-        if self.algorithm != "mpi" and not self.params.shared:
+        self.program = None
+        if self.params.shared:
+            self.kind = _executor.KIND_SHARED
+        elif self.algorithm == "mpi":
+            if dtype == np.float16:
+                raise TypeError("mcallreduce: algorithm 'mpi' cannot reduce float16 (MPI has no such type); "
+                                "use multicolor or ring")
+            self.kind = _executor.KIND_MPI
+        else:
+            self.kind = _executor.KIND_SCHEDULE
             self.schedule = build_schedule(self.algorithm, ctx.hosts, nelem, self.params)
             if self.schedule.max_tag >= MAX_SCHEDULE_TAGS:
                 raise ValueError(f"mcallreduce: {self.schedule.max_tag + 1} messages per rank pair exceed "
                                  f"{MAX_SCHEDULE_TAGS}; use a larger MCALLREDUCE_SEGMENT_BYTES")
+            mine = self.schedule.programs[ctx.rank]
+            if max((s.count for s in mine.steps), default=0) * dtype.itemsize > _MAX_MESSAGE_BYTES:
+                raise ValueError("mcallreduce: a message of over 2 GiB; set MCALLREDUCE_SEGMENT_BYTES")
+            low = lower(mine)
+            self.program = _executor.Program(low.steps, low.dep_ptr, low.dependents, low.scratch_elems)
         self.meta: Optional[np.ndarray] = None
+        self.check = _executor.CHECK_OFF
         if config.check or self.params.shared:   # the shared stage's first sync carries it anyway
+            self.check = ctx.check_mode
             scale_key = hash((float(pre), float(post))) & ((1 << 40) - 1)
-            self.meta = _meta_vector(ctx.rank, nelem, dtype, self.algorithm, op, self.params, scale_key, 0)
-        # _shared_now's window views, meta buffers and peers, made on its first use
-        self.areas: Optional[List[np.ndarray]] = None
-        self.metas: Optional[np.ndarray] = None
-        self.metas_ok, self.peers = b"", []
+            p = self.params
+            self.meta = vector(ctx.rank, 0, (
+                nelem, DTYPE_CODE[dtype], _ALGO_CODE[self.algorithm], OP_CODE[op], p.colors, p.segment,
+                p.fanout or 0, int(p.hierarchical), p.depth, int(p.shared), scale_key, _ROUTE_CODE.get(p.route, 0)))
+        # the executor's arguments but the buffer, in its submit order
+        self.dtype_code, self.op_code = DTYPE_CODE[dtype], OP_CODE[op]
+        self.post = post / ctx.size if op == "average" else post
+
+    def args(self, arr: np.ndarray, pre: float) -> tuple:
+        return (self.kind, arr, self.program, self.dtype_code, self.op_code, pre, self.post, self.meta, self.check)
 
 
-# ---------------------------------------------------------------------------- one allreduce
-
-class Handle:
-    """An allreduce in flight. ``test()`` progresses without blocking; ``wait()`` finishes it."""
-
-    def __init__(self, ctx: Context, result: Any, arr: np.ndarray, algorithm: str,
-                 schedule: Optional[Schedule], op: str, meta: Optional[np.ndarray], pre: float, post: float,
-                 local_error: Optional[BaseException], shared: bool = False):
-        self.ctx, self.result, self.arr, self.algorithm = ctx, result, arr, algorithm
-        self.shared = shared   # multicolor's single-host stages through the shared window
-        self.schedule, self.op, self.pre, self.post = schedule, op, pre, post
-        self.error: Optional[BaseException] = None
-        self._local_error = local_error
-        self._done = False
-        # Only a progress thread signals completion; caller-driven handles need no event.
-        self._event = threading.Event() if ctx.engine.threaded else None
-        self._meta = meta
-        self._meta_out = None if meta is None else np.empty_like(meta)
-        self._pending = 0       # requests of the current check or sync still outstanding
-        self._metas: Optional[np.ndarray] = None   # every rank's meta (point-to-point check)
-        self._areas: Optional[List[np.ndarray]] = None   # the shared window's slots and result
-        self.seq = ctx.next_seq()
-        ctx.engine.submit(self)
-
-    # -- user API
-    def test(self) -> bool:
-        """True when finished (raises the allreduce's error, if any)."""
-        if not self._done:
-            self.ctx.engine.progress(block=False)
-        if self._done and self.error is not None:
-            raise self.error
-        return self._done
-
-    def wait(self) -> Any:
-        """Finish the allreduce and return the result buffer (raises its error, if any)."""
-        while not self._done:
-            self.ctx.engine.progress(block=True, until=self)
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    # -- engine side
-    def _check_meta(self) -> None:
-        """Turn the allreduced metadata into an error raised on every rank, or None."""
-        if self._local_error is None and self._meta_out.tobytes() == self._meta.tobytes():
-            self.error = None   # MAX of every rank's [x, -x] is ours: all ranks sent the same
-            return
-        self.error = _mismatch(self._meta_out, self._local_error)
-
-    def _begin(self) -> None:
-        """Called once the metadata check passed: only now may the buffer change."""
-        scale_(self.arr, self.pre)
-
-    def _prescale(self, copy: np.ndarray) -> None:
-        """The shared stage prescales its copy in the window instead (before the check)."""
-        scale_(copy, self.pre)
-
-    def _finish(self) -> None:
-        if self.error is None:
-            scale_(self.arr, self.post)
-        self._done = True
-        if self._event is not None:
-            self._event.set()
-
-
-def _mismatch(meta_out: np.ndarray, local_error: Optional[BaseException]) -> Optional[BaseException]:
-    """The error every rank raises for the MAX-reduced metadata ``meta_out``, or None."""
-    n = len(meta_out) // 2
-    high, low = meta_out[:n], -meta_out[n:]
-    reject_rank, reason = int(-meta_out[n]), int(high[0])
-    if reason:  # some rank rejected its own arguments before the exchange
-        return local_error or MismatchError(
-            f"mcallreduce: rank {reject_rank} rejected the allreduce "
-            f"({_REJECT_REASONS.get(reason, 'error')}); see that rank's error")
-    for i, name in enumerate(_CHECK_FIELDS):
-        if high[i + 1] != low[i + 1]:
-            return MismatchError(
-                f"mcallreduce: {name} differs across ranks (from {low[i + 1]} to {high[i + 1]}); "
-                "every rank must pass the same element count and dtype and use the same MCALLREDUCE_* settings")
-    return None
-
-
-def _shared_now(ctx: Context, arr: np.ndarray, plan: Plan, op: str, pre: float, seq: int) -> None:
-    """A blocking shared-memory allreduce while the engine is idle: the engine's shared path
-    (publish, sync 1 = the check, reduce, sync 2, collect) without a handle or request
-    bookkeeping. At 4 KiB the Python around the copies is most of a call's time."""
-    win, rank, comm = ctx.shared, ctx.rank, ctx.comm
-    if plan.areas is None:
-        plan.areas = win.areas(arr.dtype, arr.size)
-        plan.metas = np.empty((ctx.size, plan.meta.size), np.int64)
-        plan.metas[rank] = plan.meta
-        plan.metas_ok = np.tile(plan.meta, ctx.size).tobytes()
-        plan.peers = [q for q in range(ctx.size) if q != rank]
-    areas, metas, peers = plan.areas, plan.metas, plan.peers
-    scale = None if pre == 1.0 else (lambda copy: scale_(copy, pre))
-    _shared.publish(arr, areas[rank], rank, ctx.size, scale)
-    win.sync()
-    tag = (seq % ctx.windows) * TAG_SPAN
-    reqs = [comm.Irecv(metas[q], q, tag + META_TAG) for q in peers]
-    reqs += [comm.Isend(plan.meta, q, tag + META_TAG) for q in peers]
-    MPI.Request.Waitall(reqs)
-    if metas.tobytes() != plan.metas_ok:
-        error = _mismatch(metas.max(axis=0), None)
-        if error is not None:
-            raise error
-    win.sync()
-    _shared.reduce_color(_shared.sources(areas[:-1], arr, rank, scale is not None), areas[-1], rank, OPS[op][0])
-    win.sync()
-    reqs = [comm.Irecv(SYNC_PAYLOAD, q, tag + SYNC_TAG) for q in peers]
-    reqs += [comm.Isend(SYNC_PAYLOAD, q, tag + SYNC_TAG) for q in peers]
-    MPI.Request.Waitall(reqs)
-    win.sync()
-    _shared.collect(arr, areas[-1])
-    scale_(arr, plan.post)
-
-
-def _meta_vector(rank: int, nelem: int, dtype: np.dtype, algorithm: str, op: str, params: Params,
-                 scale_key: int, reject: int) -> np.ndarray:
-    fields = [reject, nelem, _DTYPE_CODE.get(dtype, 0), _ALGO_CODE.get(algorithm, 0), _OP_CODE.get(op, 0),
-              params.colors, params.segment, params.fanout or 0, int(params.hierarchical), params.depth,
-              int(params.shared), scale_key, _ROUTE_CODE.get(params.route, 0)]
-    vec = np.array(fields, dtype=np.int64)
-    # MAX over [x, -x] yields max and min of every field in one allreduce; slot n carries
-    # the lowest rejecting rank (as -rank) so every rank can name it.
-    neg = -vec
-    neg[0] = -rank if reject else -(1 << 62)
-    return np.concatenate([vec, neg])
+def _rejected(ctx: Context, config: Config, op: str, exc: BaseException) -> tuple:
+    """The executor's arguments of a call this rank rejected: it still takes part in the
+    check, so every other rank raises too."""
+    reject = REJECT_CONFIG if isinstance(exc, ConfigError) else REJECT_BUFFER
+    meta = vector(ctx.rank, reject, (0,) * 12)
+    return (_executor.KIND_CHECK_ONLY, np.zeros(0, np.float32), None, DTYPE_CODE[np.dtype(np.float32)],
+            OP_CODE.get(op, 1), 1.0, 1.0, meta, ctx.check_mode)
 
 
 # ---------------------------------------------------------------------------- public API
@@ -383,7 +201,7 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
         if config.algorithm not in ALGORITHMS:
             raise ConfigError(f"mcallreduce: unknown algorithm {config.algorithm!r}; "
                               f"allowed values are {', '.join(ALGORITHMS)}")
-        if op not in OPS:
+        if op not in OP_CODE:
             raise ConfigError(f"mcallreduce: unknown op {op!r}; allowed values are {', '.join(OPS)}")
         src = as_array(buf)
         if out is not None:
@@ -397,25 +215,21 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
     except (TypeError, ValueError) as exc:
         if not config.check:
             raise
-        # Still take part in the metadata exchange, so every other rank raises too.
-        reject = 2 if isinstance(exc, ConfigError) else 1
-        meta = _meta_vector(ctx.rank, 0, None, config.algorithm, op, Params(), 0, reject)
         with ctx.submit_lock:
-            return Handle(ctx, result, np.zeros(0, np.float32), config.algorithm, None, op, meta, 1.0, 1.0, exc)
-    if blocking and plan.params.shared:
-        # Same lock order as a Handle's submission; not blocking on the engine's lock,
-        # which a progress thread holds for its whole life.
-        with ctx.submit_lock:
-            if ctx.engine.lock.acquire(blocking=False):
-                try:
-                    if ctx.engine.idle:
-                        _shared_now(ctx, arr, plan, op, prescale, ctx.next_seq())
-                        return result
-                finally:
-                    ctx.engine.lock.release()
+            return ctx.engine.submit(ctx.next_seq(), result, _rejected(ctx, config, op, exc), mismatch, exc)
+    engine = ctx.engine
     with ctx.submit_lock:
-        return Handle(ctx, result, arr, plan.algorithm, plan.schedule, op, plan.meta, prescale, plan.post, None,
-                      plan.params.shared)
+        # Not blocking on the engine's lock, which a progress thread holds for its whole life.
+        if blocking and engine.lock.acquire(blocking=False):
+            try:
+                if engine.idle:
+                    error = engine.run_now(ctx.next_seq(), plan.args(arr, prescale), mismatch)
+                    if error is not None:
+                        raise error
+                    return result
+            finally:
+                engine.lock.release()
+        return engine.submit(ctx.next_seq(), result, plan.args(arr, prescale), mismatch)
 
 
 def start_progress_thread(comm: Optional[MPI.Comm] = None) -> None:

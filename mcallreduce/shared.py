@@ -28,7 +28,7 @@ one, the two calls differ, the check fails on every rank and nobody writes.)
 
 The functions below work on plain numpy views of the window, so the in-process tests
 run exactly this code over p virtual ranks (tests/test_shared_stage.py); the runtime
-maps the views onto an MPI shared-memory window (runtime.SharedWindow).
+runs the same sequence in C on an MPI shared-memory window (native/executor.c, memory.SharedWindow).
 Cost: docs/algorithms.md, "Shared memory (one host)".
 """
 from __future__ import annotations
@@ -91,13 +91,14 @@ def collect(arr: np.ndarray, result: np.ndarray) -> None:
 
 
 def scale_(arr: np.ndarray, factor: float) -> None:
-    """arr *= factor in place; integers are scaled in float64 and truncated, as Horovod does
-    (the runtime's prescale and postscale, the shared stage's too; here, in numpy without MPI,
-    so tests can use it)."""
+    """arr *= factor in place, as Horovod scales CPU buffers and the executor does
+    (native/kernels.h): float16 through float32 with one rounding, float32 and float64 in
+    their own type, integers in float64 and truncated."""
     if factor == 1.0:
         return
-    if arr.dtype.kind == "f":
-        np.multiply(arr, arr.dtype.type(factor) if arr.dtype == np.float16 else factor, out=arr,
-                    casting="unsafe")
+    if arr.dtype == np.float16:
+        arr[...] = (arr.astype(np.float32) * np.float32(factor)).astype(np.float16)
+    elif arr.dtype.kind == "f":
+        np.multiply(arr, arr.dtype.type(factor), out=arr)
     else:
         arr[...] = (arr.astype(np.float64) * factor).astype(arr.dtype)

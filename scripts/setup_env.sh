@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything mcallreduce needs on a Debian machine:
 #   Open MPI (Debian packages) -> .venv -> torch 2.13.0 (CPU) + numpy + mpi4py built
-#   against that MPI -> the package itself (editable).
+#   against that MPI -> the package itself (editable, its compiled MPI executor built with
+#   the same mpicc).
 # A second run with unchanged inputs does nothing: a stamp file records what was done.
 #   -> Horovod 0.28.1 built once against that torch (scripts/build_horovod.sh, cached wheel).
 # Usage: scripts/setup_env.sh
@@ -20,6 +21,8 @@ command -v mpicc >/dev/null 2>&1 || need+=(openmpi-bin libopenmpi-dev)
 { command -v ip && command -v tc; } >/dev/null 2>&1 || need+=(iproute2)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v cc >/dev/null 2>&1 || need+=(gcc)
+command -v g++ >/dev/null 2>&1 || need+=(g++)      # Horovod builds C++17 with CMake
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
 [ -f /usr/include/jpeglib.h ] || need+=(libjpeg62-turbo-dev)
 [ -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)/Python.h" ] || need+=(python3-dev)
 if [ ${#need[@]} -gt 0 ]; then
@@ -41,9 +44,9 @@ fi
 stamp="$venv/.mcallreduce-setup"
 # (the C sources too: the editable install compiles them in place)
 want=$(cat "$repo/scripts/setup_env.sh" "$repo/setup.py" "$repo"/scripts/requirements-*.txt "$repo"/mcallreduce/data/*.c \
-       2>/dev/null | sha256sum | cut -c1-16)
+       "$repo"/mcallreduce/native/*.[ch] 2>/dev/null | sha256sum | cut -c1-16)
 # the JPEG extension counts as installed too where it can be built (a deleted .so is rebuilt)
-modules='"mcallreduce", "mpi4py", "torch"'
+modules='"mcallreduce", "mcallreduce._executor", "mpi4py", "torch"'
 [ -f /usr/include/jpeglib.h ] && command -v cc >/dev/null 2>&1 && modules="$modules, \"mcallreduce.data._jpegroi\""
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ($modules))))" 2>/dev/null; then
   # Python side already set up with these exact inputs: only Horovod and its hook to check.

@@ -1,7 +1,8 @@
 """MCALLREDUCE_* parsing, error messages and the size-based defaults."""
 import pytest
 
-from mcallreduce.config import Config, ConfigError, parse_size, resolve
+from mcallreduce.config import Config, ConfigError, parse_size
+from mcallreduce.policy import resolve
 
 
 def test_defaults_without_variables():

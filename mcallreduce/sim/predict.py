@@ -26,7 +26,8 @@ CHECK_BYTES = 26 * 8   # the runtime's metadata vector: 13 int64 fields and thei
 
 
 def runtime_params(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4) -> Params:
-    from ..config import Config, resolve
+    from ..config import Config
+    from ..policy import resolve
     _, params = resolve(Config(algorithm=algorithm), nbytes, itemsize, model.layout())
     return params
 

@@ -1,0 +1,48 @@
+"""Lowering: one rank's schedule as the flat arrays the compiled executor runs (no MPI here).
+
+A :class:`~mcallreduce.schedule.RankProgram` is a list of :class:`~mcallreduce.schedule.Step`
+objects; the executor (mcallreduce/native/executor.c) wants plain integers. ``lower``
+turns a program into
+
+* ``steps``: an ``(n, 8)`` int64 array, one row per step, in the columns of :data:`COLUMNS`
+  (``ndeps`` is the number of steps it waits for, ``incoming_left`` 0 or 1);
+* ``dep_ptr``, ``dependents``: the dependents of every step in CSR form, so step ``i``'s
+  dependents are ``dependents[dep_ptr[i]:dep_ptr[i + 1]]``, in the order
+  :attr:`RankProgram.dependents` lists them.
+
+Plans lower once and keep the result (mcallreduce/runtime.py), as they keep the schedule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .schedule import RankProgram
+
+__all__ = ["COLUMNS", "Lowered", "lower"]
+
+COLUMNS = ("op", "peer", "offset", "count", "scratch", "tag", "ndeps", "incoming_left")
+
+
+@dataclass(frozen=True)
+class Lowered:
+    steps: np.ndarray        # (n, len(COLUMNS)) int64
+    dep_ptr: np.ndarray      # (n + 1,) int64
+    dependents: np.ndarray   # (dep_ptr[-1],) int64
+    scratch_elems: int
+
+    def column(self, name: str) -> np.ndarray:
+        return self.steps[:, COLUMNS.index(name)]
+
+
+def lower(program: RankProgram) -> Lowered:
+    """The flat arrays of ``program`` (see the module docstring)."""
+    rows = [(int(s.op), s.peer, s.offset, s.count, s.scratch, s.tag, len(s.deps), int(s.incoming_left))
+            for s in program.steps]
+    steps = np.array(rows, dtype=np.int64).reshape(len(rows), len(COLUMNS))
+    dependents = program.dependents
+    dep_ptr = np.zeros(len(dependents) + 1, dtype=np.int64)
+    np.cumsum([len(d) for d in dependents], out=dep_ptr[1:])
+    flat = np.fromiter((j for d in dependents for j in d), dtype=np.int64, count=int(dep_ptr[-1]))
+    return Lowered(steps, dep_ptr, flat, program.scratch_elems)

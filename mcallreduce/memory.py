@@ -1,0 +1,89 @@
+"""Buffers and the shared-memory window: what the runtime hands the executor.
+
+``as_array`` turns a numpy array or CPU torch tensor into a zero-copy 1-D view and rejects
+what the executor cannot reduce; :class:`SharedWindow` is the MPI shared-memory window of a
+single-host communicator that the one-host stage (mcallreduce/shared.py) runs in.
+"""
+from __future__ import annotations
+
+import atexit
+from typing import Any, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from . import shared as _shared
+from .metadata import DTYPE_CODE, DTYPES
+
+__all__ = ["as_array", "SharedWindow"]
+
+
+# ---------------------------------------------------------------------------- buffers
+
+def as_array(buf: Any) -> np.ndarray:
+    """Zero-copy 1-D numpy view of a contiguous numpy array or CPU torch tensor."""
+    if isinstance(buf, np.ndarray):
+        arr = buf
+    elif type(buf).__module__.startswith("torch"):
+        if buf.device.type != "cpu":
+            raise TypeError(f"mcallreduce: {buf.device.type} tensors are not supported yet; "
+                            "pass a CPU tensor (GPU buffers need a CUDA-aware MPI)")
+        if not buf.is_contiguous():
+            raise ValueError("mcallreduce: tensor is not contiguous; call .contiguous() first")
+        try:
+            arr = buf.detach().numpy()
+        except TypeError as exc:  # e.g. bfloat16 has no numpy equivalent
+            raise TypeError(f"mcallreduce: unsupported dtype {buf.dtype}; "
+                            f"supported: {', '.join(DTYPES)}") from exc
+    else:
+        raise TypeError(f"mcallreduce: expected a numpy array or a CPU torch tensor, got {type(buf).__name__}")
+    if arr.dtype not in DTYPE_CODE:
+        raise TypeError(f"mcallreduce: unsupported dtype {arr.dtype.name}; supported: {', '.join(DTYPES)}")
+    if not arr.flags.c_contiguous:
+        raise ValueError("mcallreduce: buffer is not contiguous; pass np.ascontiguousarray(buf)")
+    if not arr.flags.writeable:
+        raise ValueError("mcallreduce: buffer is read-only")
+    return arr.reshape(-1)
+
+
+# ---------------------------------------------------------------------------- shared memory
+
+class SharedWindow:
+    """The MPI shared-memory window of a single-host communicator: p slots and a result area.
+
+    Created collectively with the library's duplicate of the communicator, kept for the
+    life of the process, freed at exit (before mpi4py finalizes MPI). The window is
+    locked once for passive-target access, so the executor's MPI_Win_sync can order this
+    rank's loads and stores against the messages that tell peers a slot is ready.
+    """
+
+    def __init__(self, comm: MPI.Comm, slot_bytes: int):
+        self.nranks, self.rank = comm.Get_size(), comm.Get_rank()
+        self.slot_bytes = -(-slot_bytes // _shared.ALIGN) * _shared.ALIGN
+        total = _shared.areas(self.nranks) * self.slot_bytes
+        # rank 0 allocates the whole window, so the slots are one contiguous mapping
+        self.win = MPI.Win.Allocate_shared(total if self.rank == 0 else 0, 1, comm=comm)
+        base, _ = self.win.Shared_query(0)
+        self.mem = np.frombuffer(base, dtype=np.uint8, count=total)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        atexit.register(self.free)
+
+    @classmethod
+    def create(cls, comm: MPI.Comm, slot_bytes: int) -> Optional["SharedWindow"]:
+        """A window when every rank of ``comm`` shares this host's memory, else None (collective)."""
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        together = node.Get_size() == comm.Get_size()
+        node.Free()
+        if not together or slot_bytes <= 0 or comm.Get_size() < 2:
+            return None
+        return cls(comm, slot_bytes)
+
+    @property
+    def address(self) -> int:
+        return self.mem.ctypes.data
+
+    def free(self) -> None:
+        if self.win is not None and not MPI.Is_finalized():
+            self.win.Unlock_all()
+            self.win.Free()
+        self.win = None

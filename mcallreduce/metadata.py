@@ -1,0 +1,54 @@
+"""The cross-rank metadata check: the vector every rank sends, and the error it turns into.
+
+Every call carries a vector of its element count, dtype, algorithm, op and schedule
+parameters. The check reduces ``[fields, -fields]`` with MAX, which gives every field's
+maximum and minimum in one allreduce: the result equals a rank's own vector exactly when
+every rank sent the same one. Slot ``n`` carries the lowest rank that rejected its own
+arguments (as ``-rank``), so every rank can name it. No MPI here.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .errors import MismatchError
+
+__all__ = ["DTYPES", "DTYPE_CODE", "OP_CODE", "FIELDS", "REJECT_BUFFER", "REJECT_CONFIG", "vector", "mismatch"]
+
+#: supported element types (numpy names), in the executor's dtype codes (1, 2, ...)
+DTYPES = ("float16", "float32", "float64", "int32", "int64")
+DTYPE_CODE = {np.dtype(name): i + 1 for i, name in enumerate(DTYPES)}
+#: reduction operators in the executor's op codes; "average" is "sum" then a scale
+OP_CODE = {"sum": 1, "average": 2, "min": 3, "max": 4, "product": 5}
+FIELDS = ("element count", "dtype", "algorithm", "op", "colors", "segment", "fanout",
+          "hierarchy", "pipeline depth", "shared-memory stage", "scale factors", "route")
+REJECT_BUFFER, REJECT_CONFIG = 1, 2
+_REJECT_REASONS = {REJECT_BUFFER: "unsupported buffer", REJECT_CONFIG: "invalid configuration"}
+
+
+def vector(rank: int, reject: int, fields) -> np.ndarray:
+    """The vector a rank sends: ``[reject, *fields]`` and its negation, slot n the rejecting rank."""
+    vec = np.array([reject, *fields], dtype=np.int64)
+    neg = -vec
+    neg[0] = -rank if reject else -(1 << 62)
+    return np.concatenate([vec, neg])
+
+
+def mismatch(meta_out: Optional[np.ndarray], local_error: Optional[BaseException]) -> Optional[BaseException]:
+    """The error every rank raises for the MAX-reduced vector ``meta_out``, or None."""
+    if meta_out is None:
+        return local_error
+    n = len(meta_out) // 2
+    high, low = meta_out[:n], -meta_out[n:]
+    reject_rank, reason = int(-meta_out[n]), int(high[0])
+    if reason:  # some rank rejected its own arguments before the exchange
+        return local_error or MismatchError(
+            f"mcallreduce: rank {reject_rank} rejected the allreduce "
+            f"({_REJECT_REASONS.get(reason, 'error')}); see that rank's error")
+    for i, name in enumerate(FIELDS):
+        if high[i + 1] != low[i + 1]:
+            return MismatchError(
+                f"mcallreduce: {name} differs across ranks (from {low[i + 1]} to {high[i + 1]}); "
+                "every rank must pass the same element count and dtype and use the same MCALLREDUCE_* settings")
+    return local_error

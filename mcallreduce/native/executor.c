@@ -1,0 +1,743 @@
+/* The compiled executor: runs lowered allreduce schedules over MPI with the GIL released.
+ *
+ * One Engine per communicator context owns every MPI request of every allreduce in
+ * flight ("runs"), so waiting on one run progresses all the others: ranks that wait in
+ * different orders cannot deadlock each other. A run goes through
+ *
+ *   check  -> the cross-rank metadata check: an Iallreduce(MAX) of the metadata vector on
+ *             the control communicator, or on one host a point-to-point exchange of it;
+ *   body   -> a schedule (steps posted as Isend/Irecv as their dependencies complete, the
+ *             reductions done inline), MPI's own Iallreduce (posted in call order), or the
+ *             one-host shared-memory stage (publish, check, reduce a color, sync, collect);
+ *   done   -> postscale, then reported to Python by the next drain.
+ *
+ * Python (mcallreduce/engine.py) serialises calls into an Engine: it is not thread-safe
+ * on its own, but any one call may block in MPI with the GIL released.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <mpi.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+
+enum { STEP_SEND = 0, STEP_RECV = 1, STEP_RECV_SCRATCH = 2, STEP_REDUCE = 3 };
+enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3 };
+enum { CHECK_OFF = 0, CHECK_COLLECTIVE = 1, CHECK_EXCHANGE = 2 };
+enum { STATUS_OK = 0, STATUS_MISMATCH = 1, STATUS_ERROR = 2 };
+enum { OWNER_CHECK = -1, OWNER_COLLECTIVE = -2, OWNER_SYNC = -3, OWNER_WAKE = -4 };
+#define LOWERED_COLUMNS 8   /* op, peer, offset, count, scratch, tag, ndeps, incoming_left */
+#define POOL_SLOTS 8
+
+/* ------------------------------------------------------------------ lowered program */
+
+typedef struct {
+    int32_t op, peer, tag, ndeps, left;
+    int64_t offset, count, scratch;
+} step_t;
+
+typedef struct {
+    PyObject_HEAD
+    int64_t nsteps, scratch_elems;
+    step_t *steps;
+    int64_t *dep_ptr;      /* dependents of step i: dependents[dep_ptr[i]:dep_ptr[i + 1]] */
+    int32_t *dependents;
+} ProgramObject;
+
+static int read_int64(PyObject *obj, int64_t **out, Py_ssize_t *n) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (view.itemsize != 8) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "lowered arrays must be int64");
+        return -1;
+    }
+    *n = view.len / 8;
+    *out = malloc((size_t)(*n ? *n : 1) * 8);
+    if (!*out) { PyBuffer_Release(&view); PyErr_NoMemory(); return -1; }
+    memcpy(*out, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return 0;
+}
+
+static int Program_init(ProgramObject *self, PyObject *args, PyObject *kw) {
+    PyObject *steps_obj, *ptr_obj, *deps_obj;
+    long long scratch;
+    static char *names[] = {"steps", "dep_ptr", "dependents", "scratch_elems", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL", names, &steps_obj, &ptr_obj, &deps_obj, &scratch))
+        return -1;
+    int64_t *raw = NULL, *deps = NULL;
+    Py_ssize_t nraw, nptr, ndeps;
+    if (read_int64(steps_obj, &raw, &nraw) < 0) return -1;
+    if (read_int64(ptr_obj, &self->dep_ptr, &nptr) < 0) { free(raw); return -1; }
+    if (read_int64(deps_obj, &deps, &ndeps) < 0) { free(raw); return -1; }
+    self->nsteps = nraw / LOWERED_COLUMNS;
+    if (nraw % LOWERED_COLUMNS || nptr != self->nsteps + 1 || self->dep_ptr[self->nsteps] != ndeps) {
+        free(raw); free(deps);
+        PyErr_SetString(PyExc_ValueError, "inconsistent lowered program");
+        return -1;
+    }
+    self->steps = malloc(sizeof(step_t) * (size_t)(self->nsteps ? self->nsteps : 1));
+    self->dependents = malloc(sizeof(int32_t) * (size_t)(ndeps ? ndeps : 1));
+    for (int64_t i = 0; i < self->nsteps; i++) {
+        int64_t *r = raw + i * LOWERED_COLUMNS;
+        step_t *s = &self->steps[i];
+        s->op = (int32_t)r[0]; s->peer = (int32_t)r[1]; s->offset = r[2]; s->count = r[3];
+        s->scratch = r[4]; s->tag = (int32_t)r[5]; s->ndeps = (int32_t)r[6]; s->left = (int32_t)r[7];
+    }
+    for (Py_ssize_t i = 0; i < ndeps; i++) self->dependents[i] = (int32_t)deps[i];
+    free(raw); free(deps);
+    self->scratch_elems = scratch;
+    return 0;
+}
+
+static void Program_dealloc(ProgramObject *self) {
+    free(self->steps); free(self->dep_ptr); free(self->dependents);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Program_len(ProgramObject *self, void *closure) { return PyLong_FromLongLong(self->nsteps); }
+
+static PyGetSetDef Program_getset[] = {
+    {"nsteps", (getter)Program_len, NULL, "number of steps", NULL},
+    {NULL}
+};
+
+static PyTypeObject ProgramType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mcallreduce._executor.Program",
+    .tp_doc = "One rank's lowered schedule: flat step arrays and the dependents' CSR lists.",
+    .tp_basicsize = sizeof(ProgramObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Program_init,
+    .tp_dealloc = (destructor)Program_dealloc,
+    .tp_getset = Program_getset,
+};
+
+/* ------------------------------------------------------------------ runs */
+
+typedef struct run {
+    long long seq;
+    int kind, check, status, done, pending, tag0, dtype, op, coll_ready;
+    int inflight;               /* its requests still posted: a run is drained only at 0 */
+    PyObject *program;          /* ProgramObject or NULL */
+    Py_buffer view;             /* the user's buffer, held until the run is drained */
+    char *buf;
+    int64_t nelem;
+    size_t isz;
+    double pre, post;
+    int32_t *waiting, *ready;
+    int64_t nready, remaining;
+    char *scratch;
+    size_t scratch_bytes;
+    int nmeta;
+    int64_t *meta, *meta_out, *metas;
+    struct run *next;           /* in the collective or shared-memory queue */
+    char error[200];
+} run_t;
+
+typedef struct {
+    PyObject_HEAD
+    MPI_Comm comm, ctl, coll, wake;
+    int rank, size, meta_tag, sync_tag, wake_on, woken;
+    MPI_Request *reqs;
+    run_t **owner_run;
+    int32_t *owner_step;
+    int *index;
+    int nreqs, cap;
+    run_t **runs;               /* every run not yet drained */
+    int nruns, runs_cap, nfinished;
+    run_t *coll_head, *coll_tail, *shm_head, *shm_tail;
+    MPI_Win win;
+    char *win_base;
+    int64_t slot_bytes;
+    void *pool[POOL_SLOTS];
+    size_t pool_bytes[POOL_SLOTS];
+    char wake_byte, wake_send;
+    char fatal[256];
+} EngineObject;
+
+static void fail_run(EngineObject *e, run_t *r, const char *what, int rc);
+static void finish(EngineObject *e, run_t *r, int status);
+
+static int add_request(EngineObject *e, MPI_Request req, run_t *r, int32_t step) {
+    if (e->nreqs == e->cap) {
+        int cap = e->cap ? 2 * e->cap : 256;
+        MPI_Request *reqs = realloc(e->reqs, sizeof(MPI_Request) * cap);
+        if (reqs) e->reqs = reqs;
+        run_t **own = realloc(e->owner_run, sizeof(run_t *) * cap);
+        if (own) e->owner_run = own;
+        int32_t *steps = realloc(e->owner_step, sizeof(int32_t) * cap);
+        if (steps) e->owner_step = steps;
+        int *index = realloc(e->index, sizeof(int) * cap);
+        if (index) e->index = index;
+        if (!reqs || !own || !steps || !index) return -1;
+        e->cap = cap;
+    }
+    e->reqs[e->nreqs] = req;
+    e->owner_run[e->nreqs] = r;
+    e->owner_step[e->nreqs] = step;
+    e->nreqs++;
+    if (r) r->inflight++;
+    return 0;
+}
+
+/* Post a request and record its owner; a failed post fails the run. */
+#define POST(e, r, step, call)                                          \
+    do {                                                                \
+        MPI_Request req_;                                               \
+        int rc_ = (call);                                               \
+        if (rc_ != MPI_SUCCESS) { fail_run(e, r, #call, rc_); return; } \
+        if (add_request(e, req_, r, step) < 0) { fail_run(e, r, "out of memory", MPI_SUCCESS); return; } \
+    } while (0)
+
+static void *pool_take(EngineObject *e, size_t bytes) {
+    for (int i = 0; i < POOL_SLOTS; i++)
+        if (e->pool[i] && e->pool_bytes[i] == bytes) { void *p = e->pool[i]; e->pool[i] = NULL; return p; }
+    return malloc(bytes ? bytes : 1);
+}
+
+static void pool_give(EngineObject *e, void *p, size_t bytes) {
+    if (!p) return;
+    for (int i = 0; i < POOL_SLOTS; i++)
+        if (!e->pool[i]) { e->pool[i] = p; e->pool_bytes[i] = bytes; return; }
+    free(p);
+}
+
+static void color_range(int64_t nelem, int nranks, int color, int64_t *lo, int64_t *count) {
+    int64_t base = nelem / nranks, extra = nelem % nranks;
+    *lo = color * base + (color < extra ? color : extra);
+    *count = base + (color < extra ? 1 : 0);
+}
+
+static char *area(EngineObject *e, int i) { return e->win_base + (int64_t)i * e->slot_bytes; }
+
+/* ---- checks */
+
+static void post_exchange(EngineObject *e, run_t *r, int tag, int owner) {
+    r->pending = 2 * (e->size - 1);
+    for (int q = 0; q < e->size; q++) {
+        if (q == e->rank) continue;
+        if (owner == OWNER_CHECK) {
+            POST(e, r, owner, MPI_Irecv(r->metas + (int64_t)q * r->nmeta, r->nmeta, MPI_INT64_T, q,
+                                        r->tag0 + tag, e->comm, &req_));
+            POST(e, r, owner, MPI_Isend(r->meta, r->nmeta, MPI_INT64_T, q, r->tag0 + tag, e->comm, &req_));
+        } else {
+            POST(e, r, owner, MPI_Irecv(&e->wake_byte, 0, MPI_BYTE, q, r->tag0 + tag, e->comm, &req_));
+            POST(e, r, owner, MPI_Isend(&e->wake_send, 0, MPI_BYTE, q, r->tag0 + tag, e->comm, &req_));
+        }
+    }
+}
+
+static void checked(EngineObject *e, run_t *r);
+
+static void start_check(EngineObject *e, run_t *r) {
+    if (r->check == CHECK_OFF) { checked(e, r); return; }
+    if (r->check == CHECK_COLLECTIVE) {
+        r->pending = 1;
+        POST(e, r, OWNER_CHECK, MPI_Iallreduce(r->meta, r->meta_out, r->nmeta, MPI_INT64_T, MPI_MAX, e->ctl, &req_));
+        return;
+    }
+    memcpy(r->metas + (int64_t)e->rank * r->nmeta, r->meta, sizeof(int64_t) * r->nmeta);
+    post_exchange(e, r, e->meta_tag, OWNER_CHECK);
+    if (!r->done && r->pending == 0) checked(e, r);   /* a single rank */
+}
+
+/* ---- bodies */
+
+static void complete_step(run_t *r, int64_t i) {
+    ProgramObject *p = (ProgramObject *)r->program;
+    r->remaining--;
+    for (int64_t k = p->dep_ptr[i]; k < p->dep_ptr[i + 1]; k++) {
+        int32_t j = p->dependents[k];
+        if (--r->waiting[j] == 0) r->ready[r->nready++] = j;
+    }
+}
+
+static void post_ready(EngineObject *e, run_t *r) {
+    ProgramObject *p = (ProgramObject *)r->program;
+    while (r->nready && !r->done) {
+        int32_t i = r->ready[--r->nready];
+        step_t *s = &p->steps[i];
+        char *at = r->buf + s->offset * (int64_t)r->isz;
+        int bytes = (int)(s->count * (int64_t)r->isz);
+        switch (s->op) {
+        case STEP_REDUCE:
+            reduce_into(r->dtype, r->op, at, r->scratch + s->scratch * (int64_t)r->isz, s->count, s->left);
+            complete_step(r, i);
+            continue;
+        case STEP_SEND:
+            POST(e, r, i, MPI_Isend(at, bytes, MPI_BYTE, s->peer, r->tag0 + s->tag, e->comm, &req_));
+            break;
+        case STEP_RECV:
+            POST(e, r, i, MPI_Irecv(at, bytes, MPI_BYTE, s->peer, r->tag0 + s->tag, e->comm, &req_));
+            break;
+        default:
+            POST(e, r, i, MPI_Irecv(r->scratch + s->scratch * (int64_t)r->isz, bytes, MPI_BYTE, s->peer,
+                                    r->tag0 + s->tag, e->comm, &req_));
+        }
+    }
+    if (!r->done && r->remaining == 0) finish(e, r, STATUS_OK);
+}
+
+static void start_schedule(EngineObject *e, run_t *r) {
+    ProgramObject *p = (ProgramObject *)r->program;
+    r->scratch_bytes = (size_t)p->scratch_elems * r->isz;
+    r->scratch = pool_take(e, r->scratch_bytes);
+    r->waiting = malloc(sizeof(int32_t) * (size_t)(p->nsteps + 1));
+    r->ready = malloc(sizeof(int32_t) * (size_t)(p->nsteps + 1));
+    if (!r->scratch || !r->waiting || !r->ready) { fail_run(e, r, "out of memory", MPI_SUCCESS); return; }
+    r->remaining = p->nsteps;
+    r->nready = 0;
+    for (int64_t i = p->nsteps - 1; i >= 0; i--) {   /* popped in step order */
+        r->waiting[i] = p->steps[i].ndeps;
+        if (r->waiting[i] == 0) r->ready[r->nready++] = (int32_t)i;
+    }
+    post_ready(e, r);
+}
+
+static MPI_Datatype mpi_type(int dtype) {
+    switch (dtype) {
+    case DT_F32: return MPI_FLOAT;
+    case DT_F64: return MPI_DOUBLE;
+    case DT_I32: return MPI_INT32_T;
+    case DT_I64: return MPI_INT64_T;
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+
+static MPI_Op mpi_op(int op) {
+    switch (op) {
+    case OP_MIN: return MPI_MIN;
+    case OP_MAX: return MPI_MAX;
+    case OP_PRODUCT: return MPI_PROD;
+    default: return MPI_SUM;
+    }
+}
+
+/* MPI collectives start in call order on every rank: the queue's head goes first. */
+static void pump_collectives(EngineObject *e) {
+    while (e->coll_head && (e->coll_head->done || e->coll_head->coll_ready)) {
+        run_t *r = e->coll_head;
+        e->coll_head = r->next;
+        if (!e->coll_head) e->coll_tail = NULL;
+        r->next = NULL;
+        if (r->done) continue;
+        if (r->nelem == 0) { finish(e, r, STATUS_OK); continue; }
+        MPI_Request req;
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), e->coll, &req);
+        if (rc != MPI_SUCCESS) { fail_run(e, r, "MPI_Iallreduce", rc); continue; }
+        if (add_request(e, req, r, OWNER_COLLECTIVE) < 0) fail_run(e, r, "out of memory", MPI_SUCCESS);
+    }
+}
+
+/* Shared memory, step 1: publish this rank's data into its slot, then the check (sync 1). */
+static void shm_publish(EngineObject *e, run_t *r) {
+    char *slot = area(e, e->rank);
+    if (r->pre != 1.0) {
+        memcpy(slot, r->buf, (size_t)(r->nelem * r->isz));
+        scale_buffer(r->dtype, slot, r->nelem, r->pre);
+    } else {   /* all but this rank's own color, which it reduces from its buffer */
+        int64_t lo, count;
+        color_range(r->nelem, e->size, e->rank, &lo, &count);
+        memcpy(slot, r->buf, (size_t)(lo * r->isz));
+        memcpy(slot + (lo + count) * r->isz, r->buf + (lo + count) * r->isz,
+               (size_t)((r->nelem - lo - count) * r->isz));
+    }
+    MPI_Win_sync(e->win);
+    start_check(e, r);
+}
+
+/* Step 2: fold color `rank` of every rank's data, in rank order, into the result area. */
+static void shm_reduce(EngineObject *e, run_t *r) {
+    MPI_Win_sync(e->win);
+    int64_t lo, count;
+    color_range(r->nelem, e->size, e->rank, &lo, &count);
+    size_t off = (size_t)(lo * r->isz), bytes = (size_t)(count * r->isz);
+    char *out = area(e, e->size) + off;
+    for (int q = 0; q < e->size; q++) {
+        const char *src = (q == e->rank && r->pre == 1.0) ? r->buf + off : area(e, q) + off;
+        if (q == 0) memcpy(out, src, bytes);
+        else reduce_into(r->dtype, r->op, out, src, count, 0);
+    }
+    MPI_Win_sync(e->win);
+    post_exchange(e, r, e->sync_tag, OWNER_SYNC);
+}
+
+/* Step 3, once every peer's sync 2 arrived: copy the result area into the buffer. */
+static void shm_collect(EngineObject *e, run_t *r) {
+    MPI_Win_sync(e->win);
+    memcpy(r->buf, area(e, e->size), (size_t)(r->nelem * r->isz));
+    finish(e, r, STATUS_OK);
+}
+
+static void shm_next(EngineObject *e) {
+    while (e->shm_head && e->shm_head->done) {
+        run_t *r = e->shm_head;
+        e->shm_head = r->next;
+        if (!e->shm_head) e->shm_tail = NULL;
+        r->next = NULL;
+        if (e->shm_head) shm_publish(e, e->shm_head);
+    }
+}
+
+static void checked(EngineObject *e, run_t *r) {
+    if (r->check == CHECK_EXCHANGE) {   /* what the MAX Iallreduce would give */
+        for (int k = 0; k < r->nmeta; k++) {
+            int64_t m = r->metas[k];
+            for (int q = 1; q < e->size; q++)
+                if (r->metas[(int64_t)q * r->nmeta + k] > m) m = r->metas[(int64_t)q * r->nmeta + k];
+            r->meta_out[k] = m;
+        }
+    }
+    if (r->kind == KIND_CHECK_ONLY ||
+        (r->check != CHECK_OFF && memcmp(r->meta, r->meta_out, sizeof(int64_t) * r->nmeta) != 0)) {
+        finish(e, r, STATUS_MISMATCH);
+        return;
+    }
+    switch (r->kind) {
+    case KIND_SHARED:
+        shm_reduce(e, r);
+        if (!r->done && r->pending == 0) shm_collect(e, r);   /* a single rank */
+        return;
+    case KIND_MPI:
+        scale_buffer(r->dtype, r->buf, r->nelem, r->pre);
+        r->coll_ready = 1;
+        pump_collectives(e);
+        return;
+    default:
+        scale_buffer(r->dtype, r->buf, r->nelem, r->pre);
+        start_schedule(e, r);
+    }
+}
+
+static void finish(EngineObject *e, run_t *r, int status) {
+    if (r->done) return;
+    r->done = 1;
+    r->status = status;
+    if (status == STATUS_OK) scale_buffer(r->dtype, r->buf, r->nelem, r->post);
+    if (r->scratch) { pool_give(e, r->scratch, r->scratch_bytes); r->scratch = NULL; }
+    e->nfinished++;
+    if (r->kind == KIND_SHARED && r == e->shm_head) shm_next(e);
+    if (r->kind == KIND_MPI && r == e->coll_head) pump_collectives(e);
+}
+
+static void fail_run(EngineObject *e, run_t *r, const char *what, int rc) {
+    if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, msg, &len);
+        snprintf(r->error, sizeof r->error, "%s failed: %.*s", what, len, msg);
+    } else {
+        snprintf(r->error, sizeof r->error, "%s", what);
+    }
+    finish(e, r, STATUS_ERROR);
+}
+
+/* ------------------------------------------------------------------ progress */
+
+static void post_wake(EngineObject *e) {
+    MPI_Request req;
+    if (MPI_Irecv(&e->wake_byte, 1, MPI_BYTE, e->rank, 0, e->wake, &req) == MPI_SUCCESS)
+        add_request(e, req, NULL, OWNER_WAKE);
+}
+
+static void completed(EngineObject *e, int n) {
+    /* Detach the completed requests first (moving the tail into their places, highest index
+       first): handling them posts new requests at the tail. */
+    run_t *runs[n > 0 ? n : 1];
+    int32_t steps[n > 0 ? n : 1];
+    for (int k = 0; k < n; k++) { runs[k] = e->owner_run[e->index[k]]; steps[k] = e->owner_step[e->index[k]]; }
+    for (int a = 1; a < n; a++) {   /* insertion sort, descending */
+        int v = e->index[a], b = a - 1;
+        while (b >= 0 && e->index[b] < v) { e->index[b + 1] = e->index[b]; b--; }
+        e->index[b + 1] = v;
+    }
+    for (int k = 0; k < n; k++) {
+        int i = e->index[k], last = --e->nreqs;
+        if (i != last) {
+            e->reqs[i] = e->reqs[last]; e->owner_run[i] = e->owner_run[last]; e->owner_step[i] = e->owner_step[last];
+        }
+    }
+    for (int k = 0; k < n; k++) {
+        run_t *r = runs[k];
+        int32_t step = steps[k];
+        if (step == OWNER_WAKE) { e->woken = 1; post_wake(e); continue; }
+        r->inflight--;
+        if (r->done) continue;                         /* failed earlier: its other requests drain */
+        switch (step) {
+        case OWNER_COLLECTIVE: finish(e, r, STATUS_OK); break;
+        case OWNER_CHECK: if (--r->pending == 0) checked(e, r); break;
+        case OWNER_SYNC: if (--r->pending == 0) shm_collect(e, r); break;
+        default:
+            complete_step(r, step);
+            post_ready(e, r);
+        }
+    }
+}
+
+/* Block (or test once) until `until` is done, or with until NULL until any run finishes or
+   the wake message arrives. Runs without the GIL. */
+static void progress(EngineObject *e, int block, run_t *until) {
+    while (!(until && until->done)) {
+        if (!until && e->nfinished) break;
+        if (e->nreqs == 0) {
+            if (until) snprintf(e->fatal, sizeof e->fatal, "internal error: an allreduce is in flight with nothing posted");
+            break;
+        }
+        int n = 0, rc = block ? MPI_Waitsome(e->nreqs, e->reqs, &n, e->index, MPI_STATUSES_IGNORE)
+                              : MPI_Testsome(e->nreqs, e->reqs, &n, e->index, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            char msg[MPI_MAX_ERROR_STRING];
+            int len = 0;
+            MPI_Error_string(rc, msg, &len);
+            snprintf(e->fatal, sizeof e->fatal, "MPI_Waitsome failed: %.*s", len, msg);
+            break;
+        }
+        if (n != MPI_UNDEFINED && n > 0) completed(e, n);
+        if (e->woken) { e->woken = 0; if (!until) break; }
+        if (!block) break;
+    }
+}
+
+static void free_run(run_t *r) {
+    PyBuffer_Release(&r->view);
+    Py_XDECREF(r->program);
+    free(r->waiting); free(r->ready); free(r->meta); free(r);
+}
+
+/* The finished runs as [(seq, status, payload)], removed from the engine (needs the GIL). */
+static PyObject *drain(EngineObject *e) {
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (int i = 0; i < e->nruns;) {
+        run_t *r = e->runs[i];
+        if (!r->done || r->inflight) { i++; continue; }
+        PyObject *payload;
+        if (r->status == STATUS_MISMATCH)
+            payload = PyBytes_FromStringAndSize((const char *)r->meta_out, sizeof(int64_t) * r->nmeta);
+        else if (r->status == STATUS_ERROR)
+            payload = PyUnicode_FromString(r->error);
+        else
+            payload = Py_NewRef(Py_None);
+        PyObject *item = Py_BuildValue("(LiN)", r->seq, r->status, payload);
+        if (!item || PyList_Append(out, item) < 0) { Py_XDECREF(item); Py_DECREF(out); return NULL; }
+        Py_DECREF(item);
+        e->runs[i] = e->runs[--e->nruns];
+        e->nfinished--;
+        free_run(r);
+    }
+    if (e->fatal[0]) {
+        PyErr_Format(PyExc_RuntimeError, "mcallreduce: %s", e->fatal);
+        e->fatal[0] = 0;
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------------ Python interface */
+
+static MPI_Comm comm_of(long long handle) { return MPI_Comm_f2c((MPI_Fint)handle); }
+
+static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
+    long long comm, ctl, coll;
+    static char *names[] = {"comm", "ctl", "coll", "meta_tag", "sync_tag", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLii", names, &comm, &ctl, &coll, &self->meta_tag, &self->sync_tag))
+        return -1;
+    self->comm = comm_of(comm); self->ctl = comm_of(ctl); self->coll = comm_of(coll);
+    MPI_Comm_rank(self->comm, &self->rank);
+    MPI_Comm_size(self->comm, &self->size);
+    self->win = MPI_WIN_NULL;
+    return 0;
+}
+
+static void Engine_dealloc(EngineObject *self) {
+    for (int i = 0; i < self->nruns; i++) free_run(self->runs[i]);
+    for (int i = 0; i < POOL_SLOTS; i++) free(self->pool[i]);
+    free(self->reqs); free(self->owner_run); free(self->owner_step); free(self->index); free(self->runs);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Engine_set_window(EngineObject *self, PyObject *args) {
+    long long win, base, slot;
+    if (!PyArg_ParseTuple(args, "LLL", &win, &base, &slot)) return NULL;
+    if (self->shm_head) { PyErr_SetString(PyExc_RuntimeError, "shared-memory allreduces in flight"); return NULL; }
+    self->win = win < 0 ? MPI_WIN_NULL : MPI_Win_f2c((MPI_Fint)win);
+    self->win_base = (char *)(intptr_t)base;
+    self->slot_bytes = slot;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw) {
+    long long seq;
+    int kind, dtype, op, tag0, check, wait = 0;
+    double pre, post;
+    PyObject *arr, *program, *meta;
+    static char *names[] = {"seq", "kind", "buffer", "program", "dtype", "op", "prescale", "postscale",
+                            "tag0", "meta", "check", "wait", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LiOOiiddiOi|p", names, &seq, &kind, &arr, &program, &dtype,
+                                     &op, &pre, &post, &tag0, &meta, &check, &wait))
+        return NULL;
+    if (kind == KIND_SHARED && self->win == MPI_WIN_NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "no shared-memory window"); return NULL;
+    }
+    if (kind == KIND_SCHEDULE && !PyObject_TypeCheck(program, &ProgramType)) {
+        PyErr_SetString(PyExc_TypeError, "a schedule run needs a Program"); return NULL;
+    }
+    run_t *r = calloc(1, sizeof(run_t));
+    if (!r) return PyErr_NoMemory();
+    if (PyObject_GetBuffer(arr, &r->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) { free(r); return NULL; }
+    r->seq = seq; r->kind = kind; r->dtype = dtype; r->op = op; r->pre = pre; r->post = post;
+    r->tag0 = tag0; r->check = check;
+    r->isz = dtype_size(dtype);
+    r->buf = r->view.buf;
+    r->nelem = r->isz ? (int64_t)(r->view.len / (Py_ssize_t)r->isz) : 0;
+    if (kind == KIND_SCHEDULE) { Py_INCREF(program); r->program = program; }
+    if (meta != Py_None) {
+        Py_buffer mv;
+        if (PyObject_GetBuffer(meta, &mv, PyBUF_C_CONTIGUOUS) < 0) { free_run(r); return NULL; }
+        r->nmeta = (int)(mv.len / 8);
+        r->meta = malloc(sizeof(int64_t) * (size_t)r->nmeta * (2 + (size_t)self->size));
+        if (r->meta) memcpy(r->meta, mv.buf, (size_t)mv.len);
+        PyBuffer_Release(&mv);
+        if (!r->meta) { free_run(r); return PyErr_NoMemory(); }
+        r->meta_out = r->meta + r->nmeta;
+        r->metas = r->meta_out + r->nmeta;
+    } else if (check != CHECK_OFF || kind == KIND_CHECK_ONLY) {
+        free_run(r);
+        PyErr_SetString(PyExc_ValueError, "a checked run needs its metadata vector");
+        return NULL;
+    }
+    if (self->nruns == self->runs_cap) {
+        int cap = self->runs_cap ? 2 * self->runs_cap : 64;
+        run_t **runs = realloc(self->runs, sizeof(run_t *) * cap);
+        if (!runs) { free_run(r); return PyErr_NoMemory(); }
+        self->runs = runs; self->runs_cap = cap;
+    }
+    self->runs[self->nruns++] = r;
+    Py_BEGIN_ALLOW_THREADS
+    if (kind == KIND_MPI) {
+        if (self->coll_tail) self->coll_tail->next = r; else self->coll_head = r;
+        self->coll_tail = r;
+        start_check(self, r);
+    } else if (kind == KIND_SHARED) {
+        int first = self->shm_head == NULL;
+        if (self->shm_tail) self->shm_tail->next = r; else self->shm_head = r;
+        self->shm_tail = r;
+        if (first) shm_publish(self, r);
+    } else {
+        start_check(self, r);
+    }
+    if (wait) progress(self, 1, r);
+    Py_END_ALLOW_THREADS
+    return drain(self);
+}
+
+static PyObject *Engine_progress(EngineObject *self, PyObject *args) {
+    int block;
+    long long until = -1;
+    if (!PyArg_ParseTuple(args, "p|L", &block, &until)) return NULL;
+    run_t *target = NULL;
+    if (until >= 0) {
+        for (int i = 0; i < self->nruns; i++) if (self->runs[i]->seq == until) { target = self->runs[i]; break; }
+        if (!target) return PyList_New(0);   /* drained already */
+    }
+    Py_BEGIN_ALLOW_THREADS
+    progress(self, block, target);
+    Py_END_ALLOW_THREADS
+    return drain(self);
+}
+
+static PyObject *Engine_enable_wake(EngineObject *self, PyObject *args) {
+    long long wake;
+    if (!PyArg_ParseTuple(args, "L", &wake)) return NULL;
+    if (self->wake_on) Py_RETURN_NONE;
+    self->wake = comm_of(wake);
+    self->wake_on = 1;
+    post_wake(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_disable_wake(EngineObject *self, PyObject *noargs) {
+    for (int i = 0; i < self->nreqs; i++) {
+        if (self->owner_step[i] != OWNER_WAKE) continue;
+        MPI_Cancel(&self->reqs[i]);
+        MPI_Wait(&self->reqs[i], MPI_STATUS_IGNORE);
+        int last = --self->nreqs;
+        self->reqs[i] = self->reqs[last]; self->owner_run[i] = self->owner_run[last];
+        self->owner_step[i] = self->owner_step[last];
+        break;
+    }
+    self->wake_on = 0;
+    Py_RETURN_NONE;
+}
+
+/* Make a blocked progress() return: a one-byte eager send to ourselves (any thread). */
+static PyObject *Engine_wake(EngineObject *self, PyObject *noargs) {
+    if (self->wake_on) {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = MPI_Send(&self->wake_send, 1, MPI_BYTE, self->rank, 0, self->wake);
+        Py_END_ALLOW_THREADS
+        if (rc != MPI_SUCCESS) { PyErr_SetString(PyExc_RuntimeError, "mcallreduce: wake-up send failed"); return NULL; }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_outstanding(EngineObject *self, void *closure) {
+    return PyLong_FromLong(self->nreqs - self->wake_on);
+}
+
+static PyObject *Engine_active(EngineObject *self, void *closure) { return PyLong_FromLong(self->nruns); }
+
+static PyMethodDef Engine_methods[] = {
+    {"submit", (PyCFunction)(void (*)(void))Engine_submit, METH_VARARGS | METH_KEYWORDS,
+     "submit(seq, kind, buffer, program, dtype, op, prescale, postscale, tag0, meta, check, wait=False)"
+     " -> finished runs [(seq, status, payload)]"},
+    {"progress", (PyCFunction)Engine_progress, METH_VARARGS,
+     "progress(block, until=-1) -> finished runs; blocks until `until` is done, or any run finishes"},
+    {"set_window", (PyCFunction)Engine_set_window, METH_VARARGS, "set_window(win_f, base_address, slot_bytes)"},
+    {"enable_wake", (PyCFunction)Engine_enable_wake, METH_VARARGS, "enable_wake(comm_f): post the wake receive"},
+    {"disable_wake", (PyCFunction)Engine_disable_wake, METH_NOARGS, "cancel the wake receive"},
+    {"wake", (PyCFunction)Engine_wake, METH_NOARGS, "make a blocked progress() return"},
+    {NULL}
+};
+
+static PyGetSetDef Engine_getset[] = {
+    {"outstanding", (getter)Engine_outstanding, NULL, "MPI requests in flight (the wake receive aside)", NULL},
+    {"active", (getter)Engine_active, NULL, "runs not yet drained", NULL},
+    {NULL}
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mcallreduce._executor.Engine",
+    .tp_doc = "Every allreduce in flight on one communicator context.",
+    .tp_basicsize = sizeof(EngineObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Engine_init,
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_methods = Engine_methods,
+    .tp_getset = Engine_getset,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_executor",
+                                    "The compiled executor of mcallreduce's schedules (see executor.c).", -1, NULL};
+
+PyMODINIT_FUNC PyInit__executor(void) {
+    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&EngineType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType);
+    PyModule_AddObjectRef(m, "Engine", (PyObject *)&EngineType);
+#define CONST(name, value) PyModule_AddIntConstant(m, name, value)
+    CONST("KIND_CHECK_ONLY", KIND_CHECK_ONLY); CONST("KIND_SCHEDULE", KIND_SCHEDULE);
+    CONST("KIND_MPI", KIND_MPI); CONST("KIND_SHARED", KIND_SHARED);
+    CONST("CHECK_OFF", CHECK_OFF); CONST("CHECK_COLLECTIVE", CHECK_COLLECTIVE); CONST("CHECK_EXCHANGE", CHECK_EXCHANGE);
+    CONST("STATUS_OK", STATUS_OK); CONST("STATUS_MISMATCH", STATUS_MISMATCH); CONST("STATUS_ERROR", STATUS_ERROR);
+    CONST("LOWERED_COLUMNS", LOWERED_COLUMNS);
+    return m;
+}

@@ -1,0 +1,155 @@
+/* Element kernels of the compiled executor: reductions and scaling for every dtype.
+ *
+ * Each reduction step computes dst = op(dst, src), or op(src, dst) when the step says the
+ * incoming data is the left operand; float16 is widened to float32, combined and rounded
+ * once per step, as numpy's float16 ufuncs do. Integer sums and products wrap (unsigned
+ * arithmetic), as numpy's and MPI's do.
+ */
+#ifndef MCALLREDUCE_KERNELS_H
+#define MCALLREDUCE_KERNELS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { DT_F16 = 1, DT_F32 = 2, DT_F64 = 3, DT_I32 = 4, DT_I64 = 5 };
+enum { OP_SUM = 1, OP_AVERAGE = 2, OP_MIN = 3, OP_MAX = 4, OP_PRODUCT = 5 };
+
+static inline size_t dtype_size(int dtype) {
+    switch (dtype) {
+    case DT_F16: return 2;
+    case DT_F32: case DT_I32: return 4;
+    case DT_F64: case DT_I64: return 8;
+    default: return 0;
+    }
+}
+
+/* IEEE binary16 <-> binary32, round to nearest even (numpy's npy_half conversions). */
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else {   /* subnormal: normalise */
+            int e = -1;
+            do { e++; mant <<= 1; } while ((mant & 0x400u) == 0);
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
+        }
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, fexp = x & 0x7f800000u, fman = x & 0x007fffffu;
+    if (fexp == 0x7f800000u) {                       /* inf or NaN (keep a NaN a NaN) */
+        if (fman == 0) return (uint16_t)(sign | 0x7c00u);
+        uint16_t m = (uint16_t)(fman >> 13);
+        return (uint16_t)(sign | 0x7c00u | (m ? m : 1u));
+    }
+    if (fexp >= 0x47800000u) return (uint16_t)(sign | 0x7c00u);   /* overflow to inf */
+    if (fexp < 0x38800000u) {                        /* subnormal or zero in half */
+        if (fexp < 0x33000000u) return (uint16_t)sign;            /* rounds to zero */
+        uint32_t e = fexp >> 23, m = fman | 0x00800000u;
+        uint32_t shift = 126 - e;                    /* 14..24 */
+        uint32_t half_m = m >> shift, rest = m & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rest > mid || (rest == mid && (half_m & 1u))) half_m++;
+        return (uint16_t)(sign | half_m);
+    }
+    uint32_t h = sign | (((fexp >> 23) - 127 + 15) << 10) | (fman >> 13);
+    uint32_t rest = fman & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;    /* may carry into inf: correct */
+    return (uint16_t)h;
+}
+
+/* min/max that keep a NaN and, for equal values, the left operand (numpy's minimum/maximum). */
+#define KMIN(a, b) (((a) <= (b) || (a) != (a)) ? (a) : (b))
+#define KMAX(a, b) (((a) >= (b) || (a) != (a)) ? (a) : (b))
+
+#define DEFINE_LOOPS(NAME, T)                                                              \
+    static void NAME##_reduce(int op, T *restrict d, const T *restrict s, int64_t n, int left) { \
+        int64_t i;                                                                         \
+        switch (op) {                                                                      \
+        case OP_SUM: case OP_AVERAGE: for (i = 0; i < n; i++) d[i] = ADD(d[i], s[i]); break; \
+        case OP_PRODUCT: for (i = 0; i < n; i++) d[i] = MUL(d[i], s[i]); break;            \
+        case OP_MIN:                                                                       \
+            if (left) { for (i = 0; i < n; i++) d[i] = KMIN(s[i], d[i]); }                 \
+            else { for (i = 0; i < n; i++) d[i] = KMIN(d[i], s[i]); } break;               \
+        case OP_MAX:                                                                       \
+            if (left) { for (i = 0; i < n; i++) d[i] = KMAX(s[i], d[i]); }                 \
+            else { for (i = 0; i < n; i++) d[i] = KMAX(d[i], s[i]); } break;               \
+        }                                                                                  \
+    }
+
+#define ADD(a, b) ((a) + (b))
+#define MUL(a, b) ((a) * (b))
+DEFINE_LOOPS(f32, float)
+DEFINE_LOOPS(f64, double)
+#undef ADD
+#undef MUL
+#define ADD(a, b) ((a) + (b))
+#define MUL(a, b) ((a) * (b))
+DEFINE_LOOPS(u32, uint32_t)
+DEFINE_LOOPS(u64, uint64_t)
+DEFINE_LOOPS(s32, int32_t)
+DEFINE_LOOPS(s64, int64_t)
+#undef ADD
+#undef MUL
+
+static void f16_reduce(int op, uint16_t *restrict d, const uint16_t *restrict s, int64_t n, int left) {
+    for (int64_t i = 0; i < n; i++) {
+        float a = half_to_float(left ? s[i] : d[i]), b = half_to_float(left ? d[i] : s[i]), r;
+        switch (op) {
+        case OP_PRODUCT: r = a * b; break;
+        case OP_MIN: r = KMIN(a, b); break;
+        case OP_MAX: r = KMAX(a, b); break;
+        default: r = a + b;
+        }
+        d[i] = float_to_half(r);
+    }
+}
+
+/* dst = op(dst, src) over n elements (operands swapped when left). */
+static void reduce_into(int dtype, int op, void *dst, const void *src, int64_t n, int left) {
+    switch (dtype) {
+    case DT_F16: f16_reduce(op, dst, src, n, left); break;
+    case DT_F32: f32_reduce(op, dst, src, n, left); break;
+    case DT_F64: f64_reduce(op, dst, src, n, left); break;
+    case DT_I32:   /* sums and products wrap: unsigned arithmetic; min/max signed */
+        if (op == OP_MIN || op == OP_MAX) s32_reduce(op, dst, src, n, left);
+        else u32_reduce(op, dst, src, n, left);
+        break;
+    case DT_I64:
+        if (op == OP_MIN || op == OP_MAX) s64_reduce(op, dst, src, n, left);
+        else u64_reduce(op, dst, src, n, left);
+        break;
+    }
+}
+
+/* buf *= factor in place, as Horovod scales CPU buffers: float16 through float32, float32 and
+ * float64 in their own type, integers in float64 and truncated. */
+static void scale_buffer(int dtype, void *buf, int64_t n, double factor) {
+    int64_t i;
+    if (factor == 1.0) return;
+    switch (dtype) {
+    case DT_F16: {
+        uint16_t *b = buf;
+        float f = (float)factor;
+        for (i = 0; i < n; i++) b[i] = float_to_half(half_to_float(b[i]) * f);
+        break;
+    }
+    case DT_F32: { float *b = buf, f = (float)factor; for (i = 0; i < n; i++) b[i] *= f; break; }
+    case DT_F64: { double *b = buf; for (i = 0; i < n; i++) b[i] *= factor; break; }
+    case DT_I32: { int32_t *b = buf; for (i = 0; i < n; i++) b[i] = (int32_t)((double)b[i] * factor); break; }
+    case DT_I64: { int64_t *b = buf; for (i = 0; i < n; i++) b[i] = (int64_t)((double)b[i] * factor); break; }
+    }
+}
+
+#endif

@@ -1,0 +1,119 @@
+"""The selection policy: which algorithm and schedule parameters run one allreduce.
+
+``resolve(config, nbytes, itemsize, hosts)`` turns the user's settings (``auto`` left
+as None by :mod:`mcallreduce.config`) into a concrete algorithm and :class:`Params`,
+from a tuning table when one is configured (``MCALLREDUCE_TUNING_FILE``), else from
+the built-in size table below. Pure Python, no MPI: tests check its choices directly.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+from .algorithms import Params
+from .config import ALGORITHMS, ROUTES, Config
+
+__all__ = ["ALGORITHMS", "ROUTES", "resolve", "default_colors", "latency_bound"]
+
+# Defaults by message size, in the spirit of Blue Gene/Q's colors-by-size table:
+# small messages are latency-bound (one tree, one message per hop), large ones are
+# bandwidth-bound (every host a root of some color, pipelined in segments).
+SMALL_BYTES = 16 << 10     # <= this: one color, no pipelining
+MEDIUM_BYTES = 256 << 10   # <= this: two colors, no pipelining
+SEGMENT_BYTES = 256 << 10  # pipeline segment for large messages
+PIPELINE_MIN_SEGMENTS = 4  # pipeline a color only if it gets at least this many segments:
+                           # fewer adds messages without overlapping much (measured at 1 MiB)
+STAR_MAX_HOSTS = 8         # up to this many hosts, one color per host (direct reduce-scatter)
+# From 256 KiB the colors cross hosts on rings, not trees (route "ring", one ring per local
+# rank): the same bytes per NIC, but each host sends to one neighbour, one way. On the
+# emulated cluster (200 Mbit/s, 2026-11-30, multicolor ring route / tree route, both against
+# our flat ring in the same jobs): 4 hosts x 2 at 32 MiB 1.20-1.22x vs 0.96-1.06x, at 1 MiB
+# 1.14x vs 0.98-1.02x; 8 hosts x 1 at 1 MiB 1.00x vs 0.79-0.81x, at 256 KiB 1.01-1.03x vs
+# 0.86-0.88x; 8 hosts x 2 at 32 MiB 1.04-1.11x vs 0.88-0.95x (docs/benchmarks.md, "Trees or
+# rings across hosts"). Trees keep the small messages, where 2 log(N) hops beat the ring's
+# 2(N-1): 8 hosts, 64 KiB, two trees took 0.52-0.65 of the ring's time.
+RING_ROUTE_MIN_BYTES = 256 << 10
+RING_ROUTE_MAX_HOSTS = 8   # measured up to 8 hosts; beyond, the ring's 2(N-1) hops are untested
+# The latency regime of the multicolor family: log2(p) exchanges of the whole message
+# (algorithms/doubling.py) instead of a reduce up a tree and a broadcast down it
+# (2 log2(p) message latencies). Two ranks exchange n bytes each way either way, so
+# for a pair doubling saves a round trip and costs twice the reduction work: measured
+# faster up to 256 KiB, slower from 1 MiB (docs/algorithms.md).
+DOUBLING_BYTES = SMALL_BYTES
+DOUBLING_PAIR_BYTES = 256 << 10
+def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
+    if nbytes <= SMALL_BYTES:
+        return 1
+    if nbytes <= MEDIUM_BYTES:
+        return max(1, min(2, nhosts * max_local))
+    if nhosts <= STAR_MAX_HOSTS:
+        return max(nhosts, max_local)
+    return max(2, max_local)
+
+
+def _tuned(config: Config, hosts: Sequence[Sequence[int]], nbytes: int,
+           itemsize: int) -> Optional[Tuple[str, Params]]:
+    """The tuning table's choice for this layout and size, if a table is configured and has one."""
+    if not config.tuning_file or config.algorithm != "multicolor":
+        return None
+    from .sim.tuner import lookup   # pure Python (no MPI); imported only when a table is used
+    return lookup(hosts, nbytes, itemsize, path=config.tuning_file)
+
+
+def latency_bound(nbytes: int, nranks: int) -> bool:
+    """Whether ``auto`` runs a multicolor call as recursive doubling (see DOUBLING_*_BYTES)."""
+    return nranks > 1 and (nbytes <= DOUBLING_BYTES or (nranks == 2 and nbytes <= DOUBLING_PAIR_BYTES))
+
+
+def _slices(config: Config, colors: int, hosts: Sequence[Sequence[int]]) -> int:
+    """How many pieces the algorithm cuts a message into: ring chunks or color slices."""
+    if config.algorithm == "ring":
+        return sum(len(h) for h in hosts)
+    return 1 if config.algorithm == "doubling" else colors
+
+
+def resolve(config: Config, nbytes: int, itemsize: int,
+            hosts: Sequence[Sequence[int]], shared_slot: int = 0) -> Tuple[str, Params]:
+    """Concrete algorithm and schedule parameters for one message of ``nbytes``.
+
+    ``shared_slot``: bytes per slot of the caller's shared-memory window (0: none).
+    """
+    max_local = max(len(h) for h in hosts)
+    nranks = sum(len(h) for h in hosts)
+    # the shared-memory stage, the latency regime (doubling) and the tuning table apply
+    # only while no multicolor knob is set
+    knobs_unset = (config.colors, config.segment_bytes, config.fanout, config.hierarchy, config.route) == (None,) * 5
+    if (config.algorithm == "multicolor" and knobs_unset and len(hosts) == 1 and nranks > 1
+            and shared_slot > 0 and config.shm_bytes > 0 and nbytes <= min(config.shm_bytes, shared_slot)):
+        return "multicolor", Params(colors=nranks, hierarchical=True, depth=config.depth, shared=True)
+    hit = _tuned(config, hosts, nbytes, itemsize)
+    if config.algorithm == "multicolor" and knobs_unset and (
+            hit[0] == "doubling" if hit is not None else latency_bound(nbytes, nranks)):
+        return "doubling", Params(segment=0, depth=config.depth)
+    tuned = hit[1] if hit is not None and hit[0] == "multicolor" else None
+    if config.hierarchy is not None:
+        hierarchical = config.hierarchy
+    else:
+        hierarchical = tuned.hierarchical if tuned else max_local > 1
+    nodes = len(hosts) if hierarchical else nranks
+    route = config.route or (tuned.route if tuned else
+                             "ring" if 1 < len(hosts) <= RING_ROUTE_MAX_HOSTS and nbytes >= RING_ROUTE_MIN_BYTES
+                             else "tree")
+    if route == "ring" and not config.colors and not tuned:
+        colors = max_local if hierarchical else 1    # one ring per local rank
+    else:
+        colors = config.colors or (tuned.colors if tuned else
+                                   default_colors(nbytes, nodes, max_local if hierarchical else 1))
+    if config.segment_bytes is not None:
+        segment = max(1, config.segment_bytes // itemsize) if config.segment_bytes else 0
+    elif tuned:
+        segment = tuned.segment
+    elif len(hosts) > 1 and nbytes // _slices(config, colors, hosts) > config.inter_host_segment:
+        segment = config.inter_host_segment // itemsize
+    elif nbytes // _slices(config, colors, hosts) >= PIPELINE_MIN_SEGMENTS * SEGMENT_BYTES:
+        segment = SEGMENT_BYTES // itemsize
+    else:
+        segment = 0
+    if config.algorithm in ("ring", "doubling"):
+        return config.algorithm, Params(segment=segment, depth=config.depth)
+    return config.algorithm, Params(colors=colors, segment=segment, fanout=config.fanout,
+                                    hierarchical=hierarchical, depth=config.depth, route=route)
