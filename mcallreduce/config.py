@@ -13,7 +13,7 @@
 | MCALLREDUCE_CHECK            | 1, 0                           | 1          |
 | MCALLREDUCE_VERBOSE          | 0, 1                           | 0          |
 | MCALLREDUCE_RANKS_PER_HOST   | auto, or an integer >= 1       | auto       |
-| MCALLREDUCE_TUNING_FILE      | a tuning table (JSON) or unset | unset      |
+| MCALLREDUCE_TUNING_FILE      | a tuning table (JSON), none    | built-in   |
 
 The Horovod plugin's three (functions at the end of this module, read when asked, because
 the startup hook decides before anything heavy is imported; this module imports only the
@@ -220,6 +220,8 @@ class Config:
 _overridden: dict = {}  # memo for with_overrides: allreduce calls repeat the same few overrides
 
 def _existing_file(path: Optional[str]) -> Optional[str]:
+    if path is not None and path.lower() == "none":   # no table at all, not even the built-in one
+        return "none"
     if path is not None and not os.path.isfile(path):
         raise ConfigError(f"MCALLREDUCE_TUNING_FILE={path!r}: no such file "
                           "(write one with: python -m mcallreduce.bench tune --out FILE)")

@@ -96,10 +96,12 @@ class Handle:
 class _Call:
     """The engine's side of one allreduce: what to submit, and how to report its outcome."""
 
-    __slots__ = ("handle", "args", "on_mismatch", "local_error")
+    __slots__ = ("handle", "template", "buffer", "prescale", "on_mismatch", "local_error")
 
-    def __init__(self, handle: Handle, args: tuple, on_mismatch: Callable, local_error: Optional[BaseException]):
-        self.handle, self.args, self.on_mismatch, self.local_error = handle, args, on_mismatch, local_error
+    def __init__(self, handle: Handle, template, buffer: np.ndarray, prescale: float, on_mismatch: Callable,
+                 local_error: Optional[BaseException]):
+        self.handle, self.template, self.buffer, self.prescale = handle, template, buffer, prescale
+        self.on_mismatch, self.local_error = on_mismatch, local_error
 
 
 class Engine:
@@ -133,11 +135,11 @@ class Engine:
     def threaded(self) -> bool:
         return self._thread is not None
 
-    def submit(self, seq: int, result: Any, args: tuple, on_mismatch: Callable,
-               local_error: Optional[BaseException] = None) -> Handle:
-        """Start one call: ``args`` are the executor's submit arguments after ``seq``."""
+    def submit(self, seq: int, result: Any, template, buffer: np.ndarray, prescale: float,
+               on_mismatch: Callable, local_error: Optional[BaseException] = None) -> Handle:
+        """Start one call of a plan (``template``: the executor's fixed arguments) on ``buffer``."""
         handle = Handle(self, seq, result)
-        call = _Call(handle, args, on_mismatch, local_error)
+        call = _Call(handle, template, buffer, prescale, on_mismatch, local_error)
         if self._thread is not None:
             self._queue.append(call)
             self._wake()
@@ -146,15 +148,13 @@ class Engine:
                 self._admit(call)
         return handle
 
-    def run_now(self, seq: int, args: tuple, on_mismatch: Callable) -> Optional[BaseException]:
-        """A blocking call while the engine is idle: submit and wait in one executor call,
-        no handle. Returns the error to raise, or None."""
-        tag0 = (seq % self.ctx.windows) * TAG_SPAN
-        with self.lock:
-            for done_seq, status, payload in self.native.submit(seq, *args[:7], tag0, *args[7:], True):
-                if done_seq == seq:
-                    return self._outcome(status, payload, on_mismatch, None)
-        raise RuntimeError("mcallreduce: internal error, a blocking allreduce did not finish")
+    def run_now(self, seq: int, template, buffer: np.ndarray, prescale: float,
+                on_mismatch: Callable) -> Optional[BaseException]:
+        """A blocking call while the engine is idle (the caller holds the lock): submit and
+        wait in one executor call, no handle. Returns the error to raise, or None."""
+        _, status, payload = self.native.submit(seq, (seq % self.ctx.windows) * TAG_SPAN, True, template,
+                                                buffer, prescale)
+        return None if status == _executor.STATUS_OK else self._outcome(status, payload, on_mismatch, None)
 
     def _admit(self, call: _Call) -> None:
         seq = call.handle.seq
@@ -165,7 +165,7 @@ class Engine:
             return
         self.windows_in_use[window] = seq
         self.calls[seq] = call
-        self._report(self.native.submit(seq, *call.args[:7], window * TAG_SPAN, *call.args[7:]))
+        self.native.submit(seq, window * TAG_SPAN, False, call.template, call.buffer, call.prescale)
 
     @staticmethod
     def _outcome(status: int, payload: Any, on_mismatch: Callable,

@@ -7,6 +7,7 @@ the built-in size table below. Pure Python, no MPI: tests check its choices dire
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
 from .algorithms import Params
@@ -50,13 +51,19 @@ def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
     return max(2, max_local)
 
 
+#: the built-in table: measured on this project's development machine with
+#: ``python -m mcallreduce.bench tune --measure`` (docs/benchmarks.md, "Never slower than MPI")
+BUILTIN_TABLE = str(Path(__file__).with_name("tuning-measured.json"))
+
+
 def _tuned(config: Config, hosts: Sequence[Sequence[int]], nbytes: int,
            itemsize: int) -> Optional[Tuple[str, Params]]:
-    """The tuning table's choice for this layout and size, if a table is configured and has one."""
-    if not config.tuning_file or config.algorithm != "multicolor":
+    """The tuning table's choice for this layout and size: the configured table, else the
+    built-in measured one; None where the table has no row for this layout."""
+    if config.algorithm != "multicolor" or config.tuning_file == "none":
         return None
-    from .sim.tuner import lookup   # pure Python (no MPI); imported only when a table is used
-    return lookup(hosts, nbytes, itemsize, path=config.tuning_file)
+    from .sim.tuner import lookup   # pure Python (no MPI)
+    return lookup(hosts, nbytes, itemsize, path=config.tuning_file or BUILTIN_TABLE)
 
 
 def latency_bound(nbytes: int, nranks: int) -> bool:
@@ -82,12 +89,14 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     # the shared-memory stage, the latency regime (doubling) and the tuning table apply
     # only while no multicolor knob is set
     knobs_unset = (config.colors, config.segment_bytes, config.fanout, config.hierarchy, config.route) == (None,) * 5
-    if (config.algorithm == "multicolor" and knobs_unset and len(hosts) == 1 and nranks > 1
-            and shared_slot > 0 and config.shm_bytes > 0 and nbytes <= min(config.shm_bytes, shared_slot)):
+    shared_fits = (len(hosts) == 1 and nranks > 1 and shared_slot > 0 and config.shm_bytes > 0
+                   and nbytes <= min(config.shm_bytes, shared_slot))
+    hit = _tuned(config, hosts, nbytes, itemsize) if knobs_unset and nranks > 1 else None
+    if hit is not None and hit[0] != "multicolor":      # the table picked another algorithm
+        return hit[0], Params(segment=hit[1].segment, depth=config.depth)
+    if config.algorithm == "multicolor" and knobs_unset and shared_fits and (hit is None or hit[1].shared):
         return "multicolor", Params(colors=nranks, hierarchical=True, depth=config.depth, shared=True)
-    hit = _tuned(config, hosts, nbytes, itemsize)
-    if config.algorithm == "multicolor" and knobs_unset and (
-            hit[0] == "doubling" if hit is not None else latency_bound(nbytes, nranks)):
+    if config.algorithm == "multicolor" and knobs_unset and hit is None and latency_bound(nbytes, nranks):
         return "doubling", Params(segment=0, depth=config.depth)
     tuned = hit[1] if hit is not None and hit[0] == "multicolor" else None
     if config.hierarchy is not None:

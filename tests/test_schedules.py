@@ -5,6 +5,7 @@ import pytest
 from mcallreduce.algorithms import Params, build_multicolor, build_ring, build_schedule
 from mcallreduce.algorithms.trees import color_trees
 from mcallreduce.executor import DeadlockError, execute
+from mcallreduce.lowering import COLUMNS, lower
 from mcallreduce.schedule import Builder, Op, Schedule, RankProgram, Step, check_schedule
 
 DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64]
@@ -30,8 +31,8 @@ def reference_run(schedule, p, n, dtype, seed):
     return bufs, expected
 
 
-@pytest.mark.parametrize("p", range(1, 18))
-def test_every_algorithm_sums_every_length(p):
+def sweep(p):
+    """(name, hosts, n, params) of every schedule the exhaustive tests cover on p ranks."""
     layouts = [flat(p)] + ([paired(p)] if p > 1 else [])
     for hosts in layouts:
         for n in lengths(p):
@@ -40,11 +41,33 @@ def test_every_algorithm_sums_every_length(p):
             variants += [("multicolor", Params(colors=k, segment=s, hierarchical=h, route=route))
                          for k in (1, 2, 3, 4) for s in (0, 3) for h in hier for route in ("tree", "ring")]
             for name, params in variants:
-                sched = build_schedule(name, hosts, n, params)
-                assert check_schedule(sched) is None
-                bufs, expected = reference_run(sched, p, n, np.int64, seed=p * 7919 + n)
-                for r, b in enumerate(bufs):
-                    assert np.array_equal(b, expected), (name, params, hosts, n, r)
+                yield name, hosts, n, params
+
+
+@pytest.mark.parametrize("p", range(1, 18))
+def test_every_algorithm_sums_every_length(p):
+    for name, hosts, n, params in sweep(p):
+        sched = build_schedule(name, hosts, n, params)
+        assert check_schedule(sched) is None
+        bufs, expected = reference_run(sched, p, n, np.int64, seed=p * 7919 + n)
+        for r, b in enumerate(bufs):
+            assert np.array_equal(b, expected), (name, params, hosts, n, r)
+
+
+@pytest.mark.parametrize("p", range(1, 18))
+def test_lowered_arrays_are_the_schedule(p):
+    # what the compiled executor runs is, row by row, the schedule the in-process executor plays
+    for name, hosts, n, params in sweep(p):
+        for prog in build_schedule(name, hosts, n, params).programs:
+            low = lower(prog)
+            assert low.steps.dtype == np.int64 and low.steps.shape == (len(prog.steps), len(COLUMNS))
+            assert low.scratch_elems == prog.scratch_elems
+            for i, (row, step) in enumerate(zip(low.steps.tolist(), prog.steps)):
+                assert row == [int(step.op), step.peer, step.offset, step.count, step.scratch, step.tag,
+                               len(step.deps), int(step.incoming_left)], (name, params, hosts, n, i)
+                deps = low.dependents[low.dep_ptr[i]:low.dep_ptr[i + 1]].tolist()
+                assert deps == prog.dependents[i], (name, params, hosts, n, i)
+            assert low.dep_ptr[-1] == len(low.dependents) == sum(len(s.deps) for s in prog.steps)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

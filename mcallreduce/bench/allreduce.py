@@ -7,13 +7,17 @@ the algorithms in turn (a, b, c, a, b, c, ...), so background load on a shared
 machine affects them alike. An iteration's time is the slowest rank's (a
 collective is done when its last rank is); the table shows the median. algbw = size / time, busbw = algbw * 2(p-1)/p (nccl-tests), so busbw
 can be compared with a link's bandwidth whatever the number of ranks. Every
-size is verified against the exact sum of integer-valued data.
+size is verified against the exact sum of integer-valued data. ``cpu_s`` is the CPU
+time one call costs a rank (user + system, every thread of the process, from
+getrusage; median over the timed calls, mean over the ranks): a faster allreduce that
+burns a core the backward pass or the JPEG decoder needed shows it there.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from typing import Dict, List, Optional
@@ -90,6 +94,12 @@ class Runner:
             allreduce(buf, algorithm=algorithm, comm=self.comm, check=not self.ns.no_check)
 
 
+def cpu_seconds() -> float:
+    """User + system CPU time of every thread of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Namespace) -> List[Dict]:
     """Time every algorithm at one size, interleaved iteration by iteration.
 
@@ -106,12 +116,16 @@ def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Nam
     expected = (base * p + p * (p - 1) // 2).astype(dtype)
     buf = np.empty_like(data)
 
-    def timed(algorithm: str) -> float:
+    def timed(algorithm: str, into: Optional[tuple] = None) -> float:
         buf[...] = data
         comm.Barrier()
+        c0 = cpu_seconds()
         t0 = time.perf_counter()
         run(algorithm, buf)
-        return time.perf_counter() - t0
+        t = time.perf_counter() - t0
+        if into is not None:
+            cpu[into] = cpu_seconds() - c0
+        return t
 
     correct = {}
     for algorithm in algorithms:
@@ -125,11 +139,15 @@ def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Nam
         one = comm.allreduce(sum(timed(a) for a in algorithms), op=MPI.MAX)
         iters = int(min(200, max(ns.min_iters, ns.seconds * len(algorithms) / max(one, 1e-6))))
     times = np.empty((iters, len(algorithms)))
+    cpu = np.empty_like(times)
     for i in range(iters):
         for j, algorithm in enumerate(algorithms):
-            times[i, j] = timed(algorithm)
+            times[i, j] = timed(algorithm, (i, j))
     slowest = np.empty_like(times)
     comm.Allreduce(times, slowest, op=MPI.MAX)   # an iteration ends when its last rank ends
+    cpu_mean = np.empty(len(algorithms))
+    comm.Allreduce(np.median(cpu, axis=0), cpu_mean, op=MPI.SUM)
+    cpu_mean /= p
     records = []
     for j, algorithm in enumerate(algorithms):
         t = float(np.median(slowest[:, j]))
@@ -137,13 +155,14 @@ def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Nam
         records.append({"algorithm": algorithm, "size_bytes": int(count * dtype.itemsize), "count": int(count),
                         "dtype": dtype.name, "ranks": p, "iters": iters, "time_s": t,
                         "time_min_s": float(slowest[:, j].min()), "algbw_Bps": algbw,
-                        "busbw_Bps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "correct": correct[algorithm]})
+                        "busbw_Bps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "cpu_s": float(cpu_mean[j]),
+                        "correct": correct[algorithm]})
     return records
 
 
 def table(records: List[Dict]) -> str:
     ring = {r["size_bytes"]: r["time_s"] for r in records if r["algorithm"] == "ring"}
-    lines = [f"{'size':>8} {'count':>11} {'algorithm':>11} {'time(us)':>11} {'algbw(GB/s)':>12} "
+    lines = [f"{'size':>8} {'count':>11} {'algorithm':>11} {'time(us)':>11} {'cpu(us)':>9} {'algbw(GB/s)':>12} "
              f"{'busbw(GB/s)':>12} {'vs ring':>8} {'correct':>8}"]
     for r in records:
         if "skipped" in r:
@@ -152,6 +171,7 @@ def table(records: List[Dict]) -> str:
         speed = ring.get(r["size_bytes"])
         vs = f"{speed / r['time_s']:.2f}x" if speed else "-"
         lines.append(f"{human(r['size_bytes']):>8} {r['count']:>11} {r['algorithm']:>11} {r['time_s'] * 1e6:>11.1f} "
+                     f"{r['cpu_s'] * 1e6:>9.1f} "
                      f"{r['algbw_Bps'] / 1e9:>12.3f} {r['busbw_Bps'] / 1e9:>12.3f} {vs:>8} "
                      f"{'yes' if r['correct'] else 'FAIL':>8}")
     return "\n".join(lines)

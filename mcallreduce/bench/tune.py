@@ -2,6 +2,7 @@
 
     .venv/bin/python -m mcallreduce.bench tune                       # emulated cluster, 4 and 8 hosts x 1, 2
     .venv/bin/python -m mcallreduce.bench tune --model paper --hosts 32 --ranks-per-host 4 --nics 2
+    mpirun -np 4 .venv/bin/python -m mcallreduce.bench tune --measure --out tuning.json   # measured instead
 
 For every layout and size, every candidate (colors, segment, hierarchy, route) of the
 multicolor schedule is played on the cost model (:mod:`mcallreduce.sim`) and the
@@ -29,6 +30,11 @@ DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--measure" in argv:        # the measured table, under mpirun (tune_measure.py)
+        from .tune_measure import main as measure_main
+        argv.remove("--measure")
+        return measure_main(argv)
     ap = argparse.ArgumentParser(prog="python -m mcallreduce.bench tune", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=("emulated", "paper"), default="emulated")

@@ -115,12 +115,67 @@ static PyTypeObject ProgramType = {
     .tp_getset = Program_getset,
 };
 
+
+/* ------------------------------------------------------------------ call template */
+
+/* What does not change from one call of a plan to the next: parsed once per plan. */
+typedef struct {
+    PyObject_HEAD
+    int kind, dtype, op, check, nmeta;
+    double post;
+    PyObject *program;     /* ProgramObject or NULL */
+    int64_t *meta;         /* nmeta entries, or NULL */
+} TemplateObject;
+
+static int Template_init(TemplateObject *self, PyObject *args, PyObject *kw) {
+    PyObject *program, *meta;
+    static char *names[] = {"kind", "program", "dtype", "op", "postscale", "meta", "check", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOiidOi", names, &self->kind, &program, &self->dtype, &self->op,
+                                     &self->post, &meta, &self->check))
+        return -1;
+    if (self->kind == KIND_SCHEDULE && !PyObject_TypeCheck(program, &ProgramType)) {
+        PyErr_SetString(PyExc_TypeError, "a schedule needs a Program");
+        return -1;
+    }
+    if (dtype_size(self->dtype) == 0) { PyErr_SetString(PyExc_ValueError, "unknown dtype code"); return -1; }
+    if (program != Py_None) { Py_INCREF(program); Py_XSETREF(self->program, program); }
+    if (meta != Py_None) {
+        Py_ssize_t n;
+        free(self->meta);
+        self->meta = NULL;
+        if (read_int64(meta, &self->meta, &n) < 0) return -1;
+        self->nmeta = (int)n;
+    } else if (self->check != CHECK_OFF || self->kind == KIND_CHECK_ONLY) {
+        PyErr_SetString(PyExc_ValueError, "a checked call needs its metadata vector");
+        return -1;
+    }
+    return 0;
+}
+
+static void Template_dealloc(TemplateObject *self) {
+    Py_XDECREF(self->program);
+    free(self->meta);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject TemplateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mcallreduce._executor.Template",
+    .tp_doc = "Template(kind, program, dtype, op, postscale, meta, check): one plan's fixed call arguments.",
+    .tp_basicsize = sizeof(TemplateObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Template_init,
+    .tp_dealloc = (destructor)Template_dealloc,
+};
+
 /* ------------------------------------------------------------------ runs */
 
 typedef struct run {
     long long seq;
     int kind, check, status, done, pending, tag0, dtype, op, coll_ready;
     int inflight;               /* its requests still posted: a run is drained only at 0 */
+    int blocking;               /* the only run in flight, waited for at once: blocking MPI calls */
     PyObject *program;          /* ProgramObject or NULL */
     Py_buffer view;             /* the user's buffer, held until the run is drained */
     char *buf;
@@ -234,6 +289,12 @@ static void checked(EngineObject *e, run_t *r);
 
 static void start_check(EngineObject *e, run_t *r) {
     if (r->check == CHECK_OFF) { checked(e, r); return; }
+    if (r->check == CHECK_COLLECTIVE && r->blocking) {
+        int rc = MPI_Allreduce(r->meta, r->meta_out, r->nmeta, MPI_INT64_T, MPI_MAX, e->ctl);
+        if (rc != MPI_SUCCESS) { fail_run(e, r, "MPI_Allreduce", rc); return; }
+        checked(e, r);
+        return;
+    }
     if (r->check == CHECK_COLLECTIVE) {
         r->pending = 1;
         POST(e, r, OWNER_CHECK, MPI_Iallreduce(r->meta, r->meta_out, r->nmeta, MPI_INT64_T, MPI_MAX, e->ctl, &req_));
@@ -325,6 +386,12 @@ static void pump_collectives(EngineObject *e) {
         r->next = NULL;
         if (r->done) continue;
         if (r->nelem == 0) { finish(e, r, STATUS_OK); continue; }
+        if (r->blocking) {   /* MPI's blocking allreduce: no libnbc progress rounds */
+            int rc = MPI_Allreduce(MPI_IN_PLACE, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), e->coll);
+            if (rc != MPI_SUCCESS) fail_run(e, r, "MPI_Allreduce", rc);
+            else finish(e, r, STATUS_OK);
+            continue;
+        }
         MPI_Request req;
         int rc = MPI_Iallreduce(MPI_IN_PLACE, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), e->coll, &req);
         if (rc != MPI_SUCCESS) { fail_run(e, r, "MPI_Iallreduce", rc); continue; }
@@ -570,45 +637,39 @@ static PyObject *Engine_set_window(EngineObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw) {
-    long long seq;
-    int kind, dtype, op, tag0, check, wait = 0;
-    double pre, post;
-    PyObject *arr, *program, *meta;
-    static char *names[] = {"seq", "kind", "buffer", "program", "dtype", "op", "prescale", "postscale",
-                            "tag0", "meta", "check", "wait", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "LiOOiiddiOi|p", names, &seq, &kind, &arr, &program, &dtype,
-                                     &op, &pre, &post, &tag0, &meta, &check, &wait))
+/* submit(seq, tag0, wait, template, buffer, prescale): start one call. With wait (only
+   when nothing else is in flight) it runs to completion and returns (status, payload);
+   else None, and progress() reports it. */
+static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyObject_TypeCheck(args[3], &TemplateType)) {
+        PyErr_SetString(PyExc_TypeError, "submit(seq, tag0, wait, template, buffer, prescale)");
         return NULL;
-    if (kind == KIND_SHARED && self->win == MPI_WIN_NULL) {
+    }
+    long long seq = PyLong_AsLongLong(args[0]);
+    int tag0 = (int)PyLong_AsLong(args[1]), wait = PyObject_IsTrue(args[2]);
+    TemplateObject *t = (TemplateObject *)args[3];
+    double pre = PyFloat_AsDouble(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (t->kind == KIND_SHARED && self->win == MPI_WIN_NULL) {
         PyErr_SetString(PyExc_RuntimeError, "no shared-memory window"); return NULL;
     }
-    if (kind == KIND_SCHEDULE && !PyObject_TypeCheck(program, &ProgramType)) {
-        PyErr_SetString(PyExc_TypeError, "a schedule run needs a Program"); return NULL;
-    }
+    if (wait && self->nruns) { PyErr_SetString(PyExc_RuntimeError, "a waited call needs an idle engine"); return NULL; }
     run_t *r = calloc(1, sizeof(run_t));
     if (!r) return PyErr_NoMemory();
-    if (PyObject_GetBuffer(arr, &r->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) { free(r); return NULL; }
-    r->seq = seq; r->kind = kind; r->dtype = dtype; r->op = op; r->pre = pre; r->post = post;
-    r->tag0 = tag0; r->check = check;
-    r->isz = dtype_size(dtype);
+    if (PyObject_GetBuffer(args[4], &r->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) { free(r); return NULL; }
+    r->seq = seq; r->kind = t->kind; r->dtype = t->dtype; r->op = t->op; r->pre = pre; r->post = t->post;
+    r->tag0 = tag0; r->check = t->check; r->blocking = wait;
+    r->isz = dtype_size(t->dtype);
     r->buf = r->view.buf;
-    r->nelem = r->isz ? (int64_t)(r->view.len / (Py_ssize_t)r->isz) : 0;
-    if (kind == KIND_SCHEDULE) { Py_INCREF(program); r->program = program; }
-    if (meta != Py_None) {
-        Py_buffer mv;
-        if (PyObject_GetBuffer(meta, &mv, PyBUF_C_CONTIGUOUS) < 0) { free_run(r); return NULL; }
-        r->nmeta = (int)(mv.len / 8);
+    r->nelem = (int64_t)(r->view.len / (Py_ssize_t)r->isz);
+    if (t->program) { Py_INCREF(t->program); r->program = t->program; }
+    if (t->meta) {
+        r->nmeta = t->nmeta;
         r->meta = malloc(sizeof(int64_t) * (size_t)r->nmeta * (2 + (size_t)self->size));
-        if (r->meta) memcpy(r->meta, mv.buf, (size_t)mv.len);
-        PyBuffer_Release(&mv);
         if (!r->meta) { free_run(r); return PyErr_NoMemory(); }
+        memcpy(r->meta, t->meta, sizeof(int64_t) * (size_t)r->nmeta);
         r->meta_out = r->meta + r->nmeta;
         r->metas = r->meta_out + r->nmeta;
-    } else if (check != CHECK_OFF || kind == KIND_CHECK_ONLY) {
-        free_run(r);
-        PyErr_SetString(PyExc_ValueError, "a checked run needs its metadata vector");
-        return NULL;
     }
     if (self->nruns == self->runs_cap) {
         int cap = self->runs_cap ? 2 * self->runs_cap : 64;
@@ -618,11 +679,11 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw)
     }
     self->runs[self->nruns++] = r;
     Py_BEGIN_ALLOW_THREADS
-    if (kind == KIND_MPI) {
+    if (r->kind == KIND_MPI) {
         if (self->coll_tail) self->coll_tail->next = r; else self->coll_head = r;
         self->coll_tail = r;
         start_check(self, r);
-    } else if (kind == KIND_SHARED) {
+    } else if (r->kind == KIND_SHARED) {
         int first = self->shm_head == NULL;
         if (self->shm_tail) self->shm_tail->next = r; else self->shm_head = r;
         self->shm_tail = r;
@@ -632,7 +693,18 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *args, PyObject *kw)
     }
     if (wait) progress(self, 1, r);
     Py_END_ALLOW_THREADS
-    return drain(self);
+    if (!wait) Py_RETURN_NONE;
+    PyObject *finished = drain(self);
+    if (!finished) return NULL;
+    PyObject *outcome = PyList_GET_SIZE(finished) == 1 ? PyList_GET_ITEM(finished, 0) : Py_None;
+    if (outcome == Py_None) {
+        Py_DECREF(finished);
+        PyErr_SetString(PyExc_RuntimeError, "mcallreduce: internal error, a waited call did not finish");
+        return NULL;
+    }
+    Py_INCREF(outcome);
+    Py_DECREF(finished);
+    return outcome;
 }
 
 static PyObject *Engine_progress(EngineObject *self, PyObject *args) {
@@ -693,9 +765,8 @@ static PyObject *Engine_outstanding(EngineObject *self, void *closure) {
 static PyObject *Engine_active(EngineObject *self, void *closure) { return PyLong_FromLong(self->nruns); }
 
 static PyMethodDef Engine_methods[] = {
-    {"submit", (PyCFunction)(void (*)(void))Engine_submit, METH_VARARGS | METH_KEYWORDS,
-     "submit(seq, kind, buffer, program, dtype, op, prescale, postscale, tag0, meta, check, wait=False)"
-     " -> finished runs [(seq, status, payload)]"},
+    {"submit", (PyCFunction)(void (*)(void))Engine_submit, METH_FASTCALL,
+     "submit(seq, tag0, wait, template, buffer, prescale) -> None, or with wait (seq, status, payload)"},
     {"progress", (PyCFunction)Engine_progress, METH_VARARGS,
      "progress(block, until=-1) -> finished runs; blocks until `until` is done, or any run finishes"},
     {"set_window", (PyCFunction)Engine_set_window, METH_VARARGS, "set_window(win_f, base_address, slot_bytes)"},
@@ -728,10 +799,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_executor",
                                     "The compiled executor of mcallreduce's schedules (see executor.c).", -1, NULL};
 
 PyMODINIT_FUNC PyInit__executor(void) {
-    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&EngineType) < 0) return NULL;
+    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&TemplateType) < 0 || PyType_Ready(&EngineType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType);
+    PyModule_AddObjectRef(m, "Template", (PyObject *)&TemplateType);
     PyModule_AddObjectRef(m, "Engine", (PyObject *)&EngineType);
 #define CONST(name, value) PyModule_AddIntConstant(m, name, value)
     CONST("KIND_CHECK_ONLY", KIND_CHECK_ONLY); CONST("KIND_SCHEDULE", KIND_SCHEDULE);

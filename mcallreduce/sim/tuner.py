@@ -27,8 +27,7 @@ from ..config import inter_host_segment_bytes
 from .model import ClusterModel, emulated
 from .predict import predict
 
-__all__ = ["SEGMENTS", "candidates", "best_params", "table", "default_model", "load_calibration",
-           "lookup", "auto_params"]
+__all__ = ["SEGMENTS", "candidates", "best_params", "table", "default_model", "load_calibration", "lookup"]
 
 SEGMENTS = (0, inter_host_segment_bytes(), 256 << 10, 1 << 20)   # 60 KiB: eager across hosts
 CALIBRATION_FILE = Path(__file__).resolve().parents[2] / "docs" / "data" / "calibration.json"
@@ -143,20 +142,20 @@ def _tables(path: str) -> Dict:
 def lookup(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int = 4,
            path: Optional[str] = None) -> Optional[Tuple[str, Params]]:
     """The written table's choice for this layout (rows: the first size >= nbytes, else the
-    last), or None when the table has no entry for ``len(hosts)`` x ``max ranks per host``."""
+    last), or None when the table has no entry for ``len(hosts)`` x ``max ranks per host``.
+    A row names an algorithm: multicolor (with its parameters; ``shared`` for the one-host
+    shared-memory stage), doubling, ring, or mpi (MPI's own allreduce)."""
     path = path or str(TUNING_FILE)
     rows = _tables(path).get(f"{len(hosts)}h{max(len(h) for h in hosts)}r")
     if not rows:
         return None
     rows = sorted(rows, key=lambda r: r["size_bytes"])
     row = next((r for r in rows if r["size_bytes"] >= nbytes), rows[-1])
-    seg = row["segment_bytes"] // itemsize if row["segment_bytes"] else 0
-    if row.get("algorithm") == "doubling":
-        return "doubling", Params(segment=0)
-    return "multicolor", Params(colors=row["colors"], segment=seg, hierarchical=row["hierarchical"],
-                                route=row.get("route", "tree"))
-
-
-def auto_params(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int = 4) -> Tuple[str, Params]:
-    """What config.resolve should use for "auto": the tuning table, else the model search."""
-    return lookup(hosts, nbytes, itemsize) or best_params(hosts, nbytes, itemsize)
+    seg = row.get("segment_bytes", 0) // itemsize if row.get("segment_bytes") else 0
+    algorithm = row.get("algorithm", "multicolor")
+    if algorithm == "mpi":
+        return "mpi", Params()
+    if algorithm in ("doubling", "ring"):
+        return algorithm, Params(segment=seg if algorithm == "ring" else 0)
+    return "multicolor", Params(colors=row.get("colors", 1), segment=seg, hierarchical=row.get("hierarchical", True),
+                                route=row.get("route", "tree"), shared=bool(row.get("shared", False)))

@@ -1,0 +1,108 @@
+"""``python -m mcallreduce.bench tune --measure``: the tuning table, measured on your cluster.
+
+    mpirun -np 8 python -m mcallreduce.bench tune --measure --out tuning.json
+    MCALLREDUCE_TUNING_FILE=tuning.json mpirun -np 8 python train.py
+
+For every size, ``multicolor`` (its built-in choice of schedule, the shared-memory stage
+on one host included; and with 256 KiB and 1 MiB segments), ``ring``, ``doubling`` and
+``mpi`` (MPI's own allreduce, through the same executor) are timed through the public API, interleaved call by call, and the
+fastest is the table's row for that size; multicolor's ``auto`` then runs it, as NCCL's
+tuner or Open MPI's dynamic rules pick an algorithm by size. Rows are per layout
+(hosts x ranks per host): rerun it after changing either, or the network.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..config import parse_size
+from .allreduce import human
+
+#: (name, algorithm, overrides): the built-in choice, larger segments (which fast links may
+#: prefer to the eager-sized ones the built-in rules use across hosts), and the others
+CANDIDATES = (("multicolor", "multicolor", {}), ("multicolor-256K", "multicolor", {"segment_bytes": 256 << 10}),
+              ("multicolor-1M", "multicolor", {"segment_bytes": 1 << 20}), ("ring", "ring", {}),
+              ("doubling", "doubling", {}), ("mpi", "mpi", {}))
+DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,8M,16M,64M"
+
+
+def _time_size(comm, size: int, seconds: float, min_iters: int) -> Dict[str, float]:
+    """Median slowest-rank time of each candidate at ``size`` bytes of float32."""
+    from mpi4py import MPI
+    from .. import allreduce
+    buf = np.ones(max(1, size // 4), np.float32)
+    for _, algorithm, overrides in CANDIDATES:     # warm-up: plans, schedules, scratch
+        allreduce(buf, algorithm=algorithm, **overrides)
+    t0 = time.perf_counter()
+    for _, algorithm, overrides in CANDIDATES:
+        allreduce(buf, algorithm=algorithm, **overrides)
+    one = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    iters = int(min(100, max(min_iters, seconds * len(CANDIDATES) / max(one, 1e-6))))
+    times = np.empty((iters, len(CANDIDATES)))
+    for i in range(iters):
+        for j, (_, algorithm, overrides) in enumerate(CANDIDATES):
+            comm.Barrier()
+            t = time.perf_counter()
+            allreduce(buf, algorithm=algorithm, **overrides)
+            times[i, j] = time.perf_counter() - t
+    slowest = np.empty_like(times)
+    comm.Allreduce(times, slowest, op=MPI.MAX)
+    return {name: float(np.median(slowest[:, j])) for j, (name, _, _) in enumerate(CANDIDATES)}
+
+
+def measure(sizes: Sequence[int], seconds: float, min_iters: int) -> List[Dict]:
+    from mpi4py import MPI
+    from ..runtime import Context
+    from .. import config
+    comm = MPI.COMM_WORLD
+    ctx = Context.get(comm)
+    base = config.current()
+    rows = []
+    for size in sizes:
+        times = _time_size(comm, size, seconds, min_iters)
+        best = min(times, key=times.get)
+        _, algorithm, overrides = next(c for c in CANDIDATES if c[0] == best)
+        plan = ctx.plan(base.with_overrides(algorithm=algorithm, **overrides), max(1, size // 4),
+                        np.dtype(np.float32), "sum", 1.0, 1.0)
+        p = plan.params
+        rows.append({"size_bytes": size, "algorithm": plan.algorithm, "colors": p.colors,
+                     "segment_bytes": p.segment * 4, "hierarchical": p.hierarchical, "route": p.route,
+                     "shared": p.shared, "measured_s": times})
+        if comm.Get_rank() == 0:
+            cells = "  ".join(f"{n} {t * 1e6:9.1f}" for n, t in times.items())
+            print(f"{human(size):>6}  {cells}  -> {best}", flush=True)
+    return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mcallreduce.bench tune --measure", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default=DEFAULT_SIZES)
+    ap.add_argument("--seconds", type=float, default=0.5, help="time budget per size and candidate")
+    ap.add_argument("--min-iters", type=int, default=5)
+    ap.add_argument("--out", required=True, help="JSON table to write (the MCALLREDUCE_TUNING_FILE format)")
+    ns = ap.parse_args(argv)
+    os.environ["MCALLREDUCE_TUNING_FILE"] = "none"   # measure the built-in rules, not a table's
+    from .. import config
+    config.reload()
+    from mpi4py import MPI
+    from ..runtime import Context
+    hosts = Context.get(MPI.COMM_WORLD).hosts
+    rows = measure([parse_size(s, "--sizes") for s in ns.sizes.split(",") if s], ns.seconds, ns.min_iters)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        layout = f"{len(hosts)}h{max(len(h) for h in hosts)}r"
+        table = {"measured": True, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 "mpi": MPI.Get_library_version().split("\n")[0].strip(), "argv": sys.argv,
+                 "tables": {layout: rows}}
+        tmp = ns.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(table, f, indent=1)
+        os.replace(tmp, ns.out)
+        print(f"# wrote {ns.out} ({layout})", file=sys.stderr)
+    return 0
