@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from . import _executor
 from . import config as _config
-from .algorithms import Params, build_schedule
+from .algorithms import build_schedule
 from .config import Config, ConfigError
 from .engine import MAX_SCHEDULE_TAGS, TAG_SPAN, Engine, Handle
 from .lowering import lower

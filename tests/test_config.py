@@ -5,6 +5,10 @@ from mcallreduce.config import Config, ConfigError, parse_size
 from mcallreduce.policy import resolve
 
 
+def rules_only(**kwargs):
+    return Config(tuning_file="none", **kwargs)
+
+
 def test_defaults_without_variables():
     c = Config.from_env({})
     assert c == Config()
@@ -47,6 +51,8 @@ def test_invalid_values_name_the_variable_and_allowed_values(name, value, hint):
 
 
 def test_size_table():
+    # the built-in rules, without the built-in measured table (tests/test_policy.py covers tables)
+    Config = rules_only
     one_host_two = [[0, 1]]
     flat4 = [[0], [1], [2], [3]]
     # latency regime: recursive doubling for small messages, and for a pair up to 256 KiB

@@ -1,0 +1,43 @@
+"""The selection policy without MPI: a tuning table's size -> algorithm rows are what resolve picks."""
+import json
+
+from mcallreduce.config import Config
+from mcallreduce.policy import BUILTIN_TABLE, resolve
+from mcallreduce.sim.tuner import _tables
+
+
+def test_a_measured_table_decides_the_algorithm_per_size(tmp_path):
+    rows = [{"size_bytes": 4 << 10, "algorithm": "multicolor", "colors": 2, "segment_bytes": 0,
+             "hierarchical": True, "route": "tree", "shared": True},
+            {"size_bytes": 64 << 10, "algorithm": "mpi"},
+            {"size_bytes": 1 << 20, "algorithm": "ring", "segment_bytes": 256 << 10},
+            {"size_bytes": 8 << 20, "algorithm": "doubling"},
+            {"size_bytes": 64 << 20, "algorithm": "multicolor", "colors": 2, "segment_bytes": 1 << 20,
+             "hierarchical": True, "route": "tree", "shared": False}]
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"measured": True, "tables": {"1h2r": rows}}))
+    _tables.cache_clear()
+    config = Config(tuning_file=str(path))
+    host = [[0, 1]]
+    slot = 8 << 20
+    assert resolve(config, 4 << 10, 4, host, shared_slot=slot)[1].shared
+    assert resolve(config, 4 << 10, 4, host)[0] == "multicolor"          # no window: messages
+    assert resolve(config, 64 << 10, 4, host, shared_slot=slot)[0] == "mpi"
+    algorithm, params = resolve(config, 1 << 20, 4, host, shared_slot=slot)
+    assert (algorithm, params.segment) == ("ring", (256 << 10) // 4)
+    assert resolve(config, 8 << 20, 4, host, shared_slot=slot)[0] == "doubling"
+    algorithm, params = resolve(config, 32 << 20, 4, host, shared_slot=slot)
+    assert (algorithm, params.colors, params.segment, params.shared) == ("multicolor", 2, (1 << 20) // 4, False)
+    # an explicit algorithm or knob is the user's, not the table's
+    assert resolve(Config(algorithm="ring", tuning_file=str(path)), 64 << 10, 4, host)[0] == "ring"
+    assert resolve(Config(colors=3, tuning_file=str(path)), 64 << 10, 4, host)[1].colors == 3
+    # no row for this layout: the built-in rules
+    assert resolve(config, 64 << 10, 4, [[0], [1], [2], [3]])[0] in ("multicolor", "doubling")
+
+
+def test_none_switches_every_table_off_and_the_builtin_table_is_measured():
+    rules = resolve(Config(tuning_file="none"), 1 << 20, 4, [[0, 1]])
+    assert rules[0] == "multicolor"
+    table = json.loads(open(BUILTIN_TABLE).read())
+    assert table["measured"] is True and "1h2r" in table["tables"]
+    assert {r["algorithm"] for r in table["tables"]["1h2r"]} <= {"multicolor", "ring", "doubling", "mpi"}
