@@ -14,11 +14,11 @@ shared-memory stage. This module only decides *when* it runs:
   ``MPI_Waitsome``). With nothing in flight the thread sleeps on that event instead of
   waiting in MPI, whose progress loop polls a core that the backward pass could use.
 
-On one host every call's metadata check is a point-to-point exchange instead of an
-``Iallreduce``: the shared-memory stage uses that exchange as its first synchronisation,
-and every call must check the same way, or ranks that disagree about a call (one within
-the shared-memory size, one above it) would wait in two different exchanges instead of
-raising.
+Every call's metadata check is the same recursive doubling of the vector on every rank
+(native/check.c), whatever the call: ranks that disagree about a call (one within the
+shared-memory size, one above it, say) then still exchange the same messages and raise.
+A small ``doubling`` call travels with its check ("fused": one latency for both), and on
+one host the completed check is the shared-memory stage's first synchronisation.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tu
 import numpy as np
 
 from . import _executor
+from .policy import FUSED_MAX_BYTES
 
 if TYPE_CHECKING:
     from .runtime import Context
@@ -37,8 +38,9 @@ if TYPE_CHECKING:
 __all__ = ["TAG_SPAN", "MAX_SCHEDULE_TAGS", "Handle", "Engine"]
 
 TAG_SPAN = 1 << 20   # tags per allreduce: seq window w uses tags [w * TAG_SPAN, (w + 1) * TAG_SPAN)
-META_TAG, SYNC_TAG = TAG_SPAN - 1, TAG_SPAN - 2   # a window's last tags: check, shared sync 2
-MAX_SCHEDULE_TAGS = TAG_SPAN - 2                  # the rest are the schedule's
+SYNC_TAG, CHECK_TAG = TAG_SPAN - 1, TAG_SPAN - 2  # a window's last tags: shared sync 2; the check's
+MAX_SCHEDULE_TAGS = TAG_SPAN - 64                 # steps use CHECK_TAG - step (at most 33); the rest
+                                                  # are the schedule's
 
 
 class Handle:
@@ -109,7 +111,8 @@ class Engine:
 
     def __init__(self, ctx: "Context"):
         self.ctx = ctx
-        self.native = _executor.Engine(ctx.comm.py2f(), ctx.ctl.py2f(), ctx.coll.py2f(), META_TAG, SYNC_TAG)
+        self.native = _executor.Engine(ctx.comm.py2f(), ctx.ctl.py2f(), ctx.coll.py2f(), CHECK_TAG, SYNC_TAG,
+                                       FUSED_MAX_BYTES)
         self.lock = threading.RLock()            # serialises calls into the executor
         self.callback_lock = threading.Lock()
         self.calls: Dict[int, _Call] = {}        # seq -> call, until the executor reports it
@@ -152,8 +155,8 @@ class Engine:
                 on_mismatch: Callable) -> Optional[BaseException]:
         """A blocking call while the engine is idle (the caller holds the lock): submit and
         wait in one executor call, no handle. Returns the error to raise, or None."""
-        _, status, payload = self.native.submit(seq, (seq % self.ctx.windows) * TAG_SPAN, True, template,
-                                                buffer, prescale)
+        status, payload = self.native.submit(seq, (seq % self.ctx.windows) * TAG_SPAN, True, template, buffer,
+                                             prescale)
         return None if status == _executor.STATUS_OK else self._outcome(status, payload, on_mismatch, None)
 
     def _admit(self, call: _Call) -> None:

@@ -13,7 +13,11 @@ from typing import Optional, Sequence, Tuple
 from .algorithms import Params
 from .config import ALGORITHMS, ROUTES, Config
 
-__all__ = ["ALGORITHMS", "ROUTES", "resolve", "default_colors", "latency_bound"]
+__all__ = ["ALGORITHMS", "ROUTES", "FUSED_MAX_BYTES", "resolve", "default_colors", "latency_bound"]
+
+#: a ``doubling`` call up to this size travels with its metadata check (native/check.c): its
+#: data is reduced along the check's own recursive doubling, one latency for both
+FUSED_MAX_BYTES = 64 << 10
 
 # Defaults by message size, in the spirit of Blue Gene/Q's colors-by-size table:
 # small messages are latency-bound (one tree, one message per hop), large ones are

@@ -8,6 +8,7 @@ compiled executor, metadata vector) plus the buffer, and the engine runs it.
 """
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 from typing import Any, Dict, List, Optional
@@ -23,7 +24,7 @@ from .engine import MAX_SCHEDULE_TAGS, TAG_SPAN, Engine, Handle
 from .lowering import lower
 from .memory import SharedWindow, as_array
 from .metadata import DTYPE_CODE, DTYPES, FIELDS, OP_CODE, REJECT_BUFFER, REJECT_CONFIG, mismatch, vector
-from .policy import ALGORITHMS, ROUTES, resolve
+from .policy import ALGORITHMS, FUSED_MAX_BYTES, ROUTES, resolve
 from .schedule import Schedule
 
 __all__ = ["Context", "Handle", "allreduce", "allreduce_async", "start_progress_thread", "OPS", "DTYPES"]
@@ -47,18 +48,16 @@ class Context:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.hosts = self._hosts(comm, config.ranks_per_host)
-        # one host: multicolor's local stages through shared memory (mcallreduce/shared.py),
-        # and every call's metadata check is a point-to-point exchange (engine.py says why)
+        # one host: multicolor's local stages through shared memory (mcallreduce/shared.py)
         self.shared = SharedWindow.create(self.comm, config.shm_bytes) if len(self.hosts) == 1 else None
         self.engine = Engine(self)
         if self.shared is not None:
             self.engine.set_window(self.shared.win, self.shared.address, self.shared.slot_bytes)
-        self.check_mode = _executor.CHECK_EXCHANGE if len(self.hosts) == 1 else _executor.CHECK_COLLECTIVE
         self._plans: Dict[tuple, Plan] = {}
         self.calls: Dict[tuple, Plan] = {}    # the fast path's plans, by call arguments
         self._bases: List[Config] = []        # the configs behind its keys' ids, kept alive
         self.submit_lock = threading.Lock()   # allreduces get their sequence number in call order
-        self._seq = 0
+        self.next_seq = itertools.count().__next__   # atomic under the GIL, whichever lock is held
         # TAG_UB is an attribute of COMM_WORLD only (MPI-3.1 §8.1.2); Split comms lack it.
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
         self.windows = max(1, (tag_ub + 1) // TAG_SPAN)
@@ -126,10 +125,6 @@ class Context:
             self._bases.append(base)
         self.calls[key] = plan
 
-    def next_seq(self) -> int:
-        seq, self._seq = self._seq, self._seq + 1
-        return seq
-
 
 class Plan:
     """One kind of allreduce, resolved: algorithm, parameters, the lowered schedule, and
@@ -143,6 +138,8 @@ class Plan:
         self.program = None
         if self.params.shared:
             self.kind = _executor.KIND_SHARED
+        elif self.algorithm == "doubling" and config.check and nelem * dtype.itemsize <= FUSED_MAX_BYTES:
+            self.kind = _executor.KIND_FUSED    # reduced along its own metadata check
         elif self.algorithm == "mpi":
             if dtype == np.float16:
                 raise TypeError("mcallreduce: algorithm 'mpi' cannot reduce float16 (MPI has no such type); "
@@ -162,7 +159,7 @@ class Plan:
         self.meta: Optional[np.ndarray] = None
         self.check = _executor.CHECK_OFF
         if config.check or self.params.shared:   # the shared stage's first sync carries it anyway
-            self.check = ctx.check_mode
+            self.check = _executor.CHECK_ON
             scale_key = hash((float(pre), float(post))) & ((1 << 40) - 1)
             p = self.params
             self.meta = vector(ctx.rank, 0, (
@@ -179,7 +176,7 @@ def _rejected(ctx: Context, exc: BaseException):
     reject = REJECT_CONFIG if isinstance(exc, ConfigError) else REJECT_BUFFER
     meta = vector(ctx.rank, reject, (0,) * (len(FIELDS)))
     return _executor.Template(_executor.KIND_CHECK_ONLY, None, DTYPE_CODE[np.dtype(np.float32)], OP_CODE["sum"],
-                              1.0, meta, ctx.check_mode)
+                              1.0, meta, _executor.CHECK_ON)
 
 
 # ---------------------------------------------------------------------------- public API
@@ -209,7 +206,7 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
     # The common call (a contiguous 1-D numpy array, in place, no overrides) finds its plan in
     # one lookup: a 4 KiB allreduce is a few microseconds, and Python is most of them.
     if type(buf) is np.ndarray and out is None and not overrides and buf.flags.c_contiguous and buf.flags.writeable:
-        key = (id(base), algorithm, check, buf.size, buf.dtype, op, prescale, postscale)
+        key = (id(base), algorithm, check, buf.size, buf.dtype.char, op, prescale, postscale)
         plan = ctx.calls.get(key)
     else:
         plan = key = None
@@ -275,15 +272,14 @@ def allreduce(buf: Any, op: str = "sum", prescale: float = 1.0, postscale: float
     # The common call, a numpy array reduced in place while nothing else is in flight, in as
     # few Python steps as possible: at 4 KiB they are most of the call's time.
     if type(buf) is np.ndarray and out is None and not overrides:
-        ctx = Context.get(comm)
-        plan = ctx.calls.get((id(_config.current()), algorithm, check, buf.size, buf.dtype, op, prescale, postscale))
+        ctx = Context._cache.get(0 if comm is None else comm.py2f()) or Context.get(comm)
+        plan = ctx.calls.get((id(_config.current()), algorithm, check, buf.size, buf.dtype.char, op, prescale,
+                              postscale))
         engine = ctx.engine
         if plan is not None and buf.flags.c_contiguous and buf.flags.writeable and engine.lock.acquire(False):
             try:
                 if engine._thread is None and not engine.calls:
-                    with ctx.submit_lock:
-                        seq = ctx.next_seq()
-                    error = engine.run_now(seq, plan.template, buf, prescale, mismatch)
+                    error = engine.run_now(ctx.next_seq(), plan.template, buf, prescale, mismatch)
                     if error is not None:
                         raise error
                     return buf

@@ -19,14 +19,14 @@ def run_cases(np_, env=None, cases=()):
 @pytest.mark.parametrize("np_", [2, 3, 4])
 def test_all_cases(np_):
     passed = run_cases(np_)
-    assert len(passed) == 15, passed
+    assert len(passed) == 16, passed
 
 
 def test_all_cases_without_the_shared_memory_stage():
     # one host runs multicolor through shared memory up to MCALLREDUCE_SHM_BYTES; this keeps
     # its point-to-point schedules (what the hierarchy does on every host of a cluster) covered
     passed = run_cases(3, env={"MCALLREDUCE_SHM_BYTES": "0"})
-    assert len(passed) == 15, passed
+    assert len(passed) == 16, passed
 
 
 def test_hierarchical_two_virtual_hosts_of_two_ranks():

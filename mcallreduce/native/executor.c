@@ -14,35 +14,11 @@
  * Python (mcallreduce/engine.py) serialises calls into an Engine: it is not thread-safe
  * on its own, but any one call may block in MPI with the GIL released.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <mpi.h>
 #include <stdlib.h>
 
-#include "kernels.h"
-
-enum { STEP_SEND = 0, STEP_RECV = 1, STEP_RECV_SCRATCH = 2, STEP_REDUCE = 3 };
-enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3 };
-enum { CHECK_OFF = 0, CHECK_COLLECTIVE = 1, CHECK_EXCHANGE = 2 };
-enum { STATUS_OK = 0, STATUS_MISMATCH = 1, STATUS_ERROR = 2 };
-enum { OWNER_CHECK = -1, OWNER_COLLECTIVE = -2, OWNER_SYNC = -3, OWNER_WAKE = -4 };
-#define LOWERED_COLUMNS 8   /* op, peer, offset, count, scratch, tag, ndeps, incoming_left */
-#define POOL_SLOTS 8
+#include "executor.h"
 
 /* ------------------------------------------------------------------ lowered program */
-
-typedef struct {
-    int32_t op, peer, tag, ndeps, left;
-    int64_t offset, count, scratch;
-} step_t;
-
-typedef struct {
-    PyObject_HEAD
-    int64_t nsteps, scratch_elems;
-    step_t *steps;
-    int64_t *dep_ptr;      /* dependents of step i: dependents[dep_ptr[i]:dep_ptr[i + 1]] */
-    int32_t *dependents;
-} ProgramObject;
 
 static int read_int64(PyObject *obj, int64_t **out, Py_ssize_t *n) {
     Py_buffer view;
@@ -119,14 +95,6 @@ static PyTypeObject ProgramType = {
 /* ------------------------------------------------------------------ call template */
 
 /* What does not change from one call of a plan to the next: parsed once per plan. */
-typedef struct {
-    PyObject_HEAD
-    int kind, dtype, op, check, nmeta;
-    double post;
-    PyObject *program;     /* ProgramObject or NULL */
-    int64_t *meta;         /* nmeta entries, or NULL */
-} TemplateObject;
-
 static int Template_init(TemplateObject *self, PyObject *args, PyObject *kw) {
     PyObject *program, *meta;
     static char *names[] = {"kind", "program", "dtype", "op", "postscale", "meta", "check", NULL};
@@ -171,52 +139,8 @@ static PyTypeObject TemplateType = {
 
 /* ------------------------------------------------------------------ runs */
 
-typedef struct run {
-    long long seq;
-    int kind, check, status, done, pending, tag0, dtype, op, coll_ready;
-    int inflight;               /* its requests still posted: a run is drained only at 0 */
-    int blocking;               /* the only run in flight, waited for at once: blocking MPI calls */
-    PyObject *program;          /* ProgramObject or NULL */
-    Py_buffer view;             /* the user's buffer, held until the run is drained */
-    char *buf;
-    int64_t nelem;
-    size_t isz;
-    double pre, post;
-    int32_t *waiting, *ready;
-    int64_t nready, remaining;
-    char *scratch;
-    size_t scratch_bytes;
-    int nmeta;
-    int64_t *meta, *meta_out, *metas;
-    struct run *next;           /* in the collective or shared-memory queue */
-    char error[200];
-} run_t;
 
-typedef struct {
-    PyObject_HEAD
-    MPI_Comm comm, ctl, coll, wake;
-    int rank, size, meta_tag, sync_tag, wake_on, woken;
-    MPI_Request *reqs;
-    run_t **owner_run;
-    int32_t *owner_step;
-    int *index;
-    int nreqs, cap;
-    run_t **runs;               /* every run not yet drained */
-    int nruns, runs_cap, nfinished;
-    run_t *coll_head, *coll_tail, *shm_head, *shm_tail;
-    MPI_Win win;
-    char *win_base;
-    int64_t slot_bytes;
-    void *pool[POOL_SLOTS];
-    size_t pool_bytes[POOL_SLOTS];
-    char wake_byte, wake_send;
-    char fatal[256];
-} EngineObject;
-
-static void fail_run(EngineObject *e, run_t *r, const char *what, int rc);
-static void finish(EngineObject *e, run_t *r, int status);
-
-static int add_request(EngineObject *e, MPI_Request req, run_t *r, int32_t step) {
+int add_request(EngineObject *e, MPI_Request req, run_t *r, int32_t step) {
     if (e->nreqs == e->cap) {
         int cap = e->cap ? 2 * e->cap : 256;
         MPI_Request *reqs = realloc(e->reqs, sizeof(MPI_Request) * cap);
@@ -227,7 +151,9 @@ static int add_request(EngineObject *e, MPI_Request req, run_t *r, int32_t step)
         if (steps) e->owner_step = steps;
         int *index = realloc(e->index, sizeof(int) * cap);
         if (index) e->index = index;
-        if (!reqs || !own || !steps || !index) return -1;
+        MPI_Status *statuses = realloc(e->statuses, sizeof(MPI_Status) * cap);
+        if (statuses) e->statuses = statuses;
+        if (!reqs || !own || !steps || !index || !statuses) return -1;
         e->cap = cap;
     }
     e->reqs[e->nreqs] = req;
@@ -238,22 +164,14 @@ static int add_request(EngineObject *e, MPI_Request req, run_t *r, int32_t step)
     return 0;
 }
 
-/* Post a request and record its owner; a failed post fails the run. */
-#define POST(e, r, step, call)                                          \
-    do {                                                                \
-        MPI_Request req_;                                               \
-        int rc_ = (call);                                               \
-        if (rc_ != MPI_SUCCESS) { fail_run(e, r, #call, rc_); return; } \
-        if (add_request(e, req_, r, step) < 0) { fail_run(e, r, "out of memory", MPI_SUCCESS); return; } \
-    } while (0)
 
-static void *pool_take(EngineObject *e, size_t bytes) {
+void *pool_take(EngineObject *e, size_t bytes) {
     for (int i = 0; i < POOL_SLOTS; i++)
         if (e->pool[i] && e->pool_bytes[i] == bytes) { void *p = e->pool[i]; e->pool[i] = NULL; return p; }
     return malloc(bytes ? bytes : 1);
 }
 
-static void pool_give(EngineObject *e, void *p, size_t bytes) {
+void pool_give(EngineObject *e, void *p, size_t bytes) {
     if (!p) return;
     for (int i = 0; i < POOL_SLOTS; i++)
         if (!e->pool[i]) { e->pool[i] = p; e->pool_bytes[i] = bytes; return; }
@@ -268,41 +186,15 @@ static void color_range(int64_t nelem, int nranks, int color, int64_t *lo, int64
 
 static char *area(EngineObject *e, int i) { return e->win_base + (int64_t)i * e->slot_bytes; }
 
-/* ---- checks */
+/* ---- the shared stage's sync 2: a zero-byte message to and from every other rank */
 
-static void post_exchange(EngineObject *e, run_t *r, int tag, int owner) {
+static void post_sync(EngineObject *e, run_t *r) {
     r->pending = 2 * (e->size - 1);
     for (int q = 0; q < e->size; q++) {
         if (q == e->rank) continue;
-        if (owner == OWNER_CHECK) {
-            POST(e, r, owner, MPI_Irecv(r->metas + (int64_t)q * r->nmeta, r->nmeta, MPI_INT64_T, q,
-                                        r->tag0 + tag, e->comm, &req_));
-            POST(e, r, owner, MPI_Isend(r->meta, r->nmeta, MPI_INT64_T, q, r->tag0 + tag, e->comm, &req_));
-        } else {
-            POST(e, r, owner, MPI_Irecv(&e->wake_byte, 0, MPI_BYTE, q, r->tag0 + tag, e->comm, &req_));
-            POST(e, r, owner, MPI_Isend(&e->wake_send, 0, MPI_BYTE, q, r->tag0 + tag, e->comm, &req_));
-        }
+        POST(e, r, OWNER_SYNC, MPI_Irecv(&e->wake_byte, 0, MPI_BYTE, q, r->tag0 + e->sync_tag, e->comm, &req_));
+        POST(e, r, OWNER_SYNC, MPI_Isend(&e->wake_send, 0, MPI_BYTE, q, r->tag0 + e->sync_tag, e->comm, &req_));
     }
-}
-
-static void checked(EngineObject *e, run_t *r);
-
-static void start_check(EngineObject *e, run_t *r) {
-    if (r->check == CHECK_OFF) { checked(e, r); return; }
-    if (r->check == CHECK_COLLECTIVE && r->blocking) {
-        int rc = MPI_Allreduce(r->meta, r->meta_out, r->nmeta, MPI_INT64_T, MPI_MAX, e->ctl);
-        if (rc != MPI_SUCCESS) { fail_run(e, r, "MPI_Allreduce", rc); return; }
-        checked(e, r);
-        return;
-    }
-    if (r->check == CHECK_COLLECTIVE) {
-        r->pending = 1;
-        POST(e, r, OWNER_CHECK, MPI_Iallreduce(r->meta, r->meta_out, r->nmeta, MPI_INT64_T, MPI_MAX, e->ctl, &req_));
-        return;
-    }
-    memcpy(r->metas + (int64_t)e->rank * r->nmeta, r->meta, sizeof(int64_t) * r->nmeta);
-    post_exchange(e, r, e->meta_tag, OWNER_CHECK);
-    if (!r->done && r->pending == 0) checked(e, r);   /* a single rank */
 }
 
 /* ---- bodies */
@@ -429,7 +321,7 @@ static void shm_reduce(EngineObject *e, run_t *r) {
         else reduce_into(r->dtype, r->op, out, src, count, 0);
     }
     MPI_Win_sync(e->win);
-    post_exchange(e, r, e->sync_tag, OWNER_SYNC);
+    post_sync(e, r);
 }
 
 /* Step 3, once every peer's sync 2 arrived: copy the result area into the buffer. */
@@ -449,21 +341,18 @@ static void shm_next(EngineObject *e) {
     }
 }
 
-static void checked(EngineObject *e, run_t *r) {
-    if (r->check == CHECK_EXCHANGE) {   /* what the MAX Iallreduce would give */
-        for (int k = 0; k < r->nmeta; k++) {
-            int64_t m = r->metas[k];
-            for (int q = 1; q < e->size; q++)
-                if (r->metas[(int64_t)q * r->nmeta + k] > m) m = r->metas[(int64_t)q * r->nmeta + k];
-            r->meta_out[k] = m;
-        }
-    }
+void checked(EngineObject *e, run_t *r) {
     if (r->kind == KIND_CHECK_ONLY ||
         (r->check != CHECK_OFF && memcmp(r->meta, r->meta_out, sizeof(int64_t) * r->nmeta) != 0)) {
         finish(e, r, STATUS_MISMATCH);
         return;
     }
     switch (r->kind) {
+    case KIND_FUSED:   /* the data was reduced along the check: every rank agreed, so it is the result */
+        if (r->data_bad) { fail_run(e, r, "internal error: a fused call's data was not reduced", MPI_SUCCESS); return; }
+        memcpy(r->buf, r->cmine + sizeof(int64_t) * (size_t)r->nmeta, (size_t)(r->nelem * r->isz));
+        finish(e, r, STATUS_OK);
+        return;
     case KIND_SHARED:
         shm_reduce(e, r);
         if (!r->done && r->pending == 0) shm_collect(e, r);   /* a single rank */
@@ -479,18 +368,22 @@ static void checked(EngineObject *e, run_t *r) {
     }
 }
 
-static void finish(EngineObject *e, run_t *r, int status) {
+void finish(EngineObject *e, run_t *r, int status) {
     if (r->done) return;
     r->done = 1;
     r->status = status;
     if (status == STATUS_OK) scale_buffer(r->dtype, r->buf, r->nelem, r->post);
     if (r->scratch) { pool_give(e, r->scratch, r->scratch_bytes); r->scratch = NULL; }
+    if (r->crecv && !r->inflight) {   /* a receive still posted (a failed run) keeps its buffer */
+        pool_give(e, r->crecv, sizeof(int64_t) * (size_t)r->nmeta + e->fused_max);
+        r->crecv = NULL;
+    }
     e->nfinished++;
     if (r->kind == KIND_SHARED && r == e->shm_head) shm_next(e);
     if (r->kind == KIND_MPI && r == e->coll_head) pump_collectives(e);
 }
 
-static void fail_run(EngineObject *e, run_t *r, const char *what, int rc) {
+void fail_run(EngineObject *e, run_t *r, const char *what, int rc) {
     if (rc != MPI_SUCCESS) {
         char msg[MPI_MAX_ERROR_STRING];
         int len = 0;
@@ -515,7 +408,13 @@ static void completed(EngineObject *e, int n) {
        first): handling them posts new requests at the tail. */
     run_t *runs[n > 0 ? n : 1];
     int32_t steps[n > 0 ? n : 1];
-    for (int k = 0; k < n; k++) { runs[k] = e->owner_run[e->index[k]]; steps[k] = e->owner_step[e->index[k]]; }
+    int received[n > 0 ? n : 1];
+    for (int k = 0; k < n; k++) {
+        runs[k] = e->owner_run[e->index[k]];
+        steps[k] = e->owner_step[e->index[k]];
+        received[k] = 0;
+        if (steps[k] == OWNER_CHECK_RECV) MPI_Get_count(&e->statuses[k], MPI_BYTE, &received[k]);
+    }
     for (int a = 1; a < n; a++) {   /* insertion sort, descending */
         int v = e->index[a], b = a - 1;
         while (b >= 0 && e->index[b] < v) { e->index[b + 1] = e->index[b]; b--; }
@@ -535,7 +434,7 @@ static void completed(EngineObject *e, int n) {
         if (r->done) continue;                         /* failed earlier: its other requests drain */
         switch (step) {
         case OWNER_COLLECTIVE: finish(e, r, STATUS_OK); break;
-        case OWNER_CHECK: if (--r->pending == 0) checked(e, r); break;
+        case OWNER_CHECK_SEND: case OWNER_CHECK_RECV: check_completed(e, r, step, received[k]); break;
         case OWNER_SYNC: if (--r->pending == 0) shm_collect(e, r); break;
         default:
             complete_step(r, step);
@@ -553,8 +452,8 @@ static void progress(EngineObject *e, int block, run_t *until) {
             if (until) snprintf(e->fatal, sizeof e->fatal, "internal error: an allreduce is in flight with nothing posted");
             break;
         }
-        int n = 0, rc = block ? MPI_Waitsome(e->nreqs, e->reqs, &n, e->index, MPI_STATUSES_IGNORE)
-                              : MPI_Testsome(e->nreqs, e->reqs, &n, e->index, MPI_STATUSES_IGNORE);
+        int n = 0, rc = block ? MPI_Waitsome(e->nreqs, e->reqs, &n, e->index, e->statuses)
+                              : MPI_Testsome(e->nreqs, e->reqs, &n, e->index, e->statuses);
         if (rc != MPI_SUCCESS) {
             char msg[MPI_MAX_ERROR_STRING];
             int len = 0;
@@ -571,7 +470,7 @@ static void progress(EngineObject *e, int block, run_t *until) {
 static void free_run(run_t *r) {
     PyBuffer_Release(&r->view);
     Py_XDECREF(r->program);
-    free(r->waiting); free(r->ready); free(r->meta); free(r);
+    free(r->waiting); free(r->ready); free(r->meta); free(r->cmine); free(r->crecv); free(r);
 }
 
 /* The finished runs as [(seq, status, payload)], removed from the engine (needs the GIL). */
@@ -610,9 +509,12 @@ static MPI_Comm comm_of(long long handle) { return MPI_Comm_f2c((MPI_Fint)handle
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
     long long comm, ctl, coll;
-    static char *names[] = {"comm", "ctl", "coll", "meta_tag", "sync_tag", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLii", names, &comm, &ctl, &coll, &self->meta_tag, &self->sync_tag))
+    long long fused_max;
+    static char *names[] = {"comm", "ctl", "coll", "check_tag", "sync_tag", "fused_max", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLiiL", names, &comm, &ctl, &coll, &self->check_tag,
+                                     &self->sync_tag, &fused_max))
         return -1;
+    self->fused_max = (size_t)fused_max;
     self->comm = comm_of(comm); self->ctl = comm_of(ctl); self->coll = comm_of(coll);
     MPI_Comm_rank(self->comm, &self->rank);
     MPI_Comm_size(self->comm, &self->size);
@@ -623,7 +525,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
 static void Engine_dealloc(EngineObject *self) {
     for (int i = 0; i < self->nruns; i++) free_run(self->runs[i]);
     for (int i = 0; i < POOL_SLOTS; i++) free(self->pool[i]);
-    free(self->reqs); free(self->owner_run); free(self->owner_step); free(self->index); free(self->runs);
+    free(self->reqs); free(self->owner_run); free(self->owner_step); free(self->index); free(self->statuses);
+    free(self->runs);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -665,11 +568,10 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssi
     if (t->program) { Py_INCREF(t->program); r->program = t->program; }
     if (t->meta) {
         r->nmeta = t->nmeta;
-        r->meta = malloc(sizeof(int64_t) * (size_t)r->nmeta * (2 + (size_t)self->size));
+        r->meta = malloc(sizeof(int64_t) * (size_t)r->nmeta * 2);
         if (!r->meta) { free_run(r); return PyErr_NoMemory(); }
         memcpy(r->meta, t->meta, sizeof(int64_t) * (size_t)r->nmeta);
         r->meta_out = r->meta + r->nmeta;
-        r->metas = r->meta_out + r->nmeta;
     }
     if (self->nruns == self->runs_cap) {
         int cap = self->runs_cap ? 2 * self->runs_cap : 64;
@@ -694,17 +596,23 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssi
     if (wait) progress(self, 1, r);
     Py_END_ALLOW_THREADS
     if (!wait) Py_RETURN_NONE;
-    PyObject *finished = drain(self);
-    if (!finished) return NULL;
-    PyObject *outcome = PyList_GET_SIZE(finished) == 1 ? PyList_GET_ITEM(finished, 0) : Py_None;
-    if (outcome == Py_None) {
+    /* the waited call was alone: report it without building the drain's list */
+    if (!r->done || r->inflight || self->nruns != 1 || self->fatal[0]) {
+        PyObject *finished = drain(self);
+        if (!finished) return NULL;
         Py_DECREF(finished);
         PyErr_SetString(PyExc_RuntimeError, "mcallreduce: internal error, a waited call did not finish");
         return NULL;
     }
-    Py_INCREF(outcome);
-    Py_DECREF(finished);
-    return outcome;
+    PyObject *payload = r->status == STATUS_MISMATCH
+        ? PyBytes_FromStringAndSize((const char *)r->meta_out, sizeof(int64_t) * r->nmeta)
+        : r->status == STATUS_ERROR ? PyUnicode_FromString(r->error) : Py_NewRef(Py_None);
+    int status = r->status;
+    self->nruns = 0;
+    self->nfinished = 0;
+    free_run(r);
+    if (!payload) return NULL;
+    return Py_BuildValue("(iN)", status, payload);
 }
 
 static PyObject *Engine_progress(EngineObject *self, PyObject *args) {
@@ -766,7 +674,7 @@ static PyObject *Engine_active(EngineObject *self, void *closure) { return PyLon
 
 static PyMethodDef Engine_methods[] = {
     {"submit", (PyCFunction)(void (*)(void))Engine_submit, METH_FASTCALL,
-     "submit(seq, tag0, wait, template, buffer, prescale) -> None, or with wait (seq, status, payload)"},
+     "submit(seq, tag0, wait, template, buffer, prescale) -> None, or with wait (status, payload)"},
     {"progress", (PyCFunction)Engine_progress, METH_VARARGS,
      "progress(block, until=-1) -> finished runs; blocks until `until` is done, or any run finishes"},
     {"set_window", (PyCFunction)Engine_set_window, METH_VARARGS, "set_window(win_f, base_address, slot_bytes)"},
@@ -809,7 +717,7 @@ PyMODINIT_FUNC PyInit__executor(void) {
 #define CONST(name, value) PyModule_AddIntConstant(m, name, value)
     CONST("KIND_CHECK_ONLY", KIND_CHECK_ONLY); CONST("KIND_SCHEDULE", KIND_SCHEDULE);
     CONST("KIND_MPI", KIND_MPI); CONST("KIND_SHARED", KIND_SHARED);
-    CONST("CHECK_OFF", CHECK_OFF); CONST("CHECK_COLLECTIVE", CHECK_COLLECTIVE); CONST("CHECK_EXCHANGE", CHECK_EXCHANGE);
+    CONST("KIND_FUSED", KIND_FUSED); CONST("CHECK_OFF", CHECK_OFF); CONST("CHECK_ON", CHECK_ON);
     CONST("STATUS_OK", STATUS_OK); CONST("STATUS_MISMATCH", STATUS_MISMATCH); CONST("STATUS_ERROR", STATUS_ERROR);
     CONST("LOWERED_COLUMNS", LOWERED_COLUMNS);
     return m;

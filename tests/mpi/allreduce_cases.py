@@ -136,7 +136,7 @@ def async_handles_waited_in_rank_dependent_order():
 @case
 def length_mismatch_raises_on_every_rank():
     n = 100 + (rank == size - 1)
-    for algorithm in ALGOS:
+    for algorithm in ALGOS + ("doubling",):   # doubling: reduced along its check (fused)
         buf = np.ones(n, np.float32)
         msg = raises(MismatchError, lambda: mcallreduce.allreduce(buf, algorithm=algorithm, prescale=2.0))
         assert "element count" in msg, msg
@@ -162,6 +162,25 @@ def lengths_either_side_of_the_shared_memory_limit_raise_everywhere():
     x = data(1000, np.float32)
     mcallreduce.allreduce(x)   # still usable
     assert np.array_equal(x, expected(1000, np.float32))
+
+
+@case
+def a_call_fused_with_its_check_and_a_larger_one_raise_everywhere():
+    # one rank's call small enough to travel with its metadata check, another's not: both run
+    # the same check messages and raise, and a fused call leaves the buffer untouched
+    n = (1 << 20) if rank == size - 1 else 1000
+    for algorithm in ("doubling", "ring", "mpi", None):
+        buf = np.ones(n, np.float32)
+        msg = raises(MismatchError, lambda: mcallreduce.allreduce(buf, algorithm=algorithm or "doubling"
+                                                                  if rank != size - 1 else algorithm))
+        assert "differs" in msg, msg
+        assert np.all(buf == 1.0)
+    handles = [mcallreduce.allreduce_async(np.ones(n, np.float32), algorithm="doubling") for _ in range(3)]
+    for h in reversed(handles):
+        assert "element count" in raises(MismatchError, h.wait)
+    x = data(1000, np.float32)
+    mcallreduce.allreduce(x, algorithm="doubling", prescale=0.5, postscale=4.0)   # still usable, fused
+    assert np.array_equal(x, expected(1000, np.float32) * 2.0)
 
 
 @case

@@ -1,0 +1,110 @@
+/* Types shared by the executor's files: lowered programs, runs, the engine. */
+#ifndef MCALLREDUCE_EXECUTOR_H
+#define MCALLREDUCE_EXECUTOR_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <mpi.h>
+
+#include "kernels.h"
+
+enum { STEP_SEND = 0, STEP_RECV = 1, STEP_RECV_SCRATCH = 2, STEP_REDUCE = 3 };
+enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KIND_FUSED = 4 };
+enum { CHECK_OFF = 0, CHECK_ON = 1 };
+enum { STATUS_OK = 0, STATUS_MISMATCH = 1, STATUS_ERROR = 2 };
+enum { OWNER_CHECK_SEND = -1, OWNER_COLLECTIVE = -2, OWNER_SYNC = -3, OWNER_WAKE = -4, OWNER_CHECK_RECV = -5 };
+#define LOWERED_COLUMNS 8   /* op, peer, offset, count, scratch, tag, ndeps, incoming_left */
+#define POOL_SLOTS 8
+
+typedef struct {
+    int32_t op, peer, tag, ndeps, left;
+    int64_t offset, count, scratch;
+} step_t;
+
+typedef struct {
+    PyObject_HEAD
+    int64_t nsteps, scratch_elems;
+    step_t *steps;
+    int64_t *dep_ptr;      /* dependents of step i: dependents[dep_ptr[i]:dep_ptr[i + 1]] */
+    int32_t *dependents;
+} ProgramObject;
+
+typedef struct {
+    PyObject_HEAD
+    int kind, dtype, op, check, nmeta;
+    double post;
+    PyObject *program;     /* ProgramObject or NULL */
+    int64_t *meta;         /* nmeta entries, or NULL */
+} TemplateObject;
+
+typedef struct run {
+    long long seq;
+    int kind, check, status, done, pending, tag0, dtype, op, coll_ready;
+    int inflight;               /* its requests still posted: a run is drained only at 0 */
+    int blocking;               /* the only run in flight, waited for at once: blocking MPI calls */
+    PyObject *program;          /* ProgramObject or NULL */
+    Py_buffer view;             /* the user's buffer, held until the run is drained */
+    char *buf;
+    int64_t nelem;
+    size_t isz;
+    double pre, post;
+    int32_t *waiting, *ready;
+    int64_t nready, remaining;
+    char *scratch;
+    size_t scratch_bytes;
+    int nmeta;
+    int64_t *meta, *meta_out;   /* this rank's vector; the MAX over every rank's, once checked */
+    /* the check (check.c): its step, what this rank sends (the MAX so far, then a fused call's
+       data), what it receives, and whether the data still holds a valid partial result */
+    int cstep, data_bad, received;
+    char *cmine, *crecv;
+    size_t cmine_bytes;
+    struct run *next;           /* in the collective or shared-memory queue */
+    char error[200];
+} run_t;
+
+typedef struct {
+    PyObject_HEAD
+    MPI_Comm comm, ctl, coll, wake;
+    int rank, size, check_tag, sync_tag, wake_on, woken;
+    size_t fused_max;           /* the largest fused call's data: every check receive holds this much */
+    MPI_Status *statuses;
+    MPI_Request *reqs;
+    run_t **owner_run;
+    int32_t *owner_step;
+    int *index;
+    int nreqs, cap;
+    run_t **runs;               /* every run not yet drained */
+    int nruns, runs_cap, nfinished;
+    run_t *coll_head, *coll_tail, *shm_head, *shm_tail;
+    MPI_Win win;
+    char *win_base;
+    int64_t slot_bytes;
+    void *pool[POOL_SLOTS];
+    size_t pool_bytes[POOL_SLOTS];
+    char wake_byte, wake_send;
+    char fatal[256];
+} EngineObject;
+
+/* executor.c */
+void *pool_take(EngineObject *e, size_t bytes);   /* buffers that recur (scratch, check) */
+void pool_give(EngineObject *e, void *p, size_t bytes);
+int add_request(EngineObject *e, MPI_Request req, run_t *r, int32_t step);
+void fail_run(EngineObject *e, run_t *r, const char *what, int rc);
+void finish(EngineObject *e, run_t *r, int status);
+void checked(EngineObject *e, run_t *r);   /* the check is done: meta_out holds every rank's MAX */
+
+/* check.c: the cross-rank metadata check */
+void start_check(EngineObject *e, run_t *r);
+void check_completed(EngineObject *e, run_t *r, int32_t owner, int received_bytes);
+
+/* Post a request and record its owner; a failed post fails the run. */
+#define POST(e, r, step, call)                                          \
+    do {                                                                \
+        MPI_Request req_;                                               \
+        int rc_ = (call);                                               \
+        if (rc_ != MPI_SUCCESS) { fail_run(e, r, #call, rc_); return; } \
+        if (add_request(e, req_, r, step) < 0) { fail_run(e, r, "out of memory", MPI_SUCCESS); return; } \
+    } while (0)
+
+#endif
