@@ -233,6 +233,10 @@ def make_distributed_optimizer(stock_factory):
                    gradient_predivide_factor, groups, sparse_as_dense, process_set)
 
     DistributedOptimizer.__doc__ = stock_factory.__doc__
+    # hvd.broadcast_optimizer_state tells a DistributedOptimizer from a plain one by comparing
+    # the optimizer's __module__ with this factory's (then it steps only the wrapped optimizer,
+    # without allreduces, on the ranks that initialise their state): both must be Horovod's.
+    DistributedOptimizer.__module__ = stock_factory.__module__
     return DistributedOptimizer
 
 

@@ -205,6 +205,32 @@ def _():
     return torch.cat([optimizer_case(groups=2), optimizer_case(groups="list")])
 
 
+@case("resume_broadcast_optimizer_state")
+def _():
+    # Horovod's resume pattern: rank 0 restores a trained optimizer's state, the others start
+    # fresh, then broadcast_parameters + broadcast_optimizer_state (the fresh ranks initialise
+    # their state with a step of the wrapped optimizer only: no allreduce, or rank 0 waits)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 3)
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model(torch.ones(4, 5)).pow(2).sum().backward()
+    opt.step()
+    saved = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    torch.manual_seed(1)
+    model = torch.nn.Linear(5, 3)
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    if rank == 0:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    state = opt.state_dict()["state"]
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]
+                     + [state[k]["exp_avg"].reshape(-1) for k in sorted(state)])
+
+
 @case("optimizer_zero_grad_before_step_error")
 def _():
     model = torch.nn.Linear(3, 1)
