@@ -46,7 +46,7 @@ from typing import Mapping, Optional, Sequence
 
 __all__ = ["ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_size",
            "horovod_switch", "horovod_requested_by_startup_hook", "horovod_requested_by_import",
-           "bucket_bytes", "progress_thread", "data"]
+           "bucket_bytes", "progress_thread", "stall_check_seconds", "stall_shutdown_seconds", "data"]
 
 #: every algorithm the runtime accepts; "mpi" is MPI_Allreduce itself (stock Horovod's CPU path).
 #: The first three are schedules (``algorithms.SCHEDULED``, checked equal by the tests).
@@ -301,6 +301,43 @@ def progress_thread(ranks_on_host: int, environ: Optional[Mapping[str, str]] = N
     if value in ("1", "0"):
         return value == "1"
     raise ConfigError(f"{PROGRESS_VARIABLE}={value!r}: allowed values are auto, 1, 0")
+
+
+# ---------------------------------------------------------------- stalls
+# A call that waits this long is reported on stderr; past the shutdown time it fails. Both as
+# Horovod's stall inspector: MCALLREDUCE_* first, else Horovod's own variables.
+
+STALL_CHECK_SECONDS = 60.0
+
+
+def _seconds(environ: Optional[Mapping[str, str]], suffix: str) -> Optional[float]:
+    for prefix in ("MCALLREDUCE_", "HOROVOD_"):
+        value = _env(environ, prefix + suffix)
+        if value:
+            try:
+                number = float(value)
+            except ValueError:
+                number = -1.0
+            if number < 0:
+                raise ConfigError(f"{prefix + suffix}={value!r}: expected a number of seconds >= 0")
+            return number
+    return None
+
+
+def stall_check_seconds(environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
+    """Seconds a call may wait before it is reported (*_STALL_CHECK_TIME_SECONDS, default 60);
+    None when *_STALL_CHECK_DISABLE=1."""
+    for prefix in ("MCALLREDUCE_", "HOROVOD_"):
+        if _switch(prefix + "STALL_CHECK_DISABLE", _env(environ, prefix + "STALL_CHECK_DISABLE"), auto=False):
+            return None
+    seconds = _seconds(environ, "STALL_CHECK_TIME_SECONDS")
+    return STALL_CHECK_SECONDS if seconds is None else seconds
+
+
+def stall_shutdown_seconds(environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
+    """Seconds after which a waiting call fails (*_STALL_SHUTDOWN_TIME_SECONDS); None: never (0 too)."""
+    seconds = _seconds(environ, "STALL_SHUTDOWN_TIME_SECONDS")
+    return seconds or None
 
 
 # ---------------------------------------------------------------- data loading

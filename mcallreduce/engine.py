@@ -25,12 +25,14 @@ from __future__ import annotations
 import atexit
 import collections
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from . import _executor
 from .policy import FUSED_MAX_BYTES
+from .stall import StallInspector
 
 if TYPE_CHECKING:
     from .runtime import Context
@@ -46,10 +48,11 @@ MAX_SCHEDULE_TAGS = TAG_SPAN - 64                 # steps use CHECK_TAG - step (
 class Handle:
     """An allreduce in flight. ``test()`` progresses without blocking; ``wait()`` finishes it."""
 
-    __slots__ = ("result", "seq", "error", "_engine", "_done", "_event", "_callbacks")
+    __slots__ = ("result", "seq", "error", "name", "_engine", "_done", "_event", "_callbacks")
 
     def __init__(self, engine: "Engine", seq: int, result: Any):
         self.result, self.seq, self.error = result, seq, None
+        self.name: Optional[str] = None     # what the stall inspector calls it (a Horovod tensor name)
         self._engine, self._done = engine, False
         self._event = threading.Event() if engine.threaded else None   # only a thread signals
         self._callbacks: Optional[List[Callable[["Handle"], None]]] = None
@@ -98,12 +101,13 @@ class Handle:
 class _Call:
     """The engine's side of one allreduce: what to submit, and how to report its outcome."""
 
-    __slots__ = ("handle", "template", "buffer", "prescale", "on_mismatch", "local_error")
+    __slots__ = ("handle", "template", "buffer", "prescale", "on_mismatch", "local_error", "since")
 
     def __init__(self, handle: Handle, template, buffer: np.ndarray, prescale: float, on_mismatch: Callable,
                  local_error: Optional[BaseException]):
         self.handle, self.template, self.buffer, self.prescale = handle, template, buffer, prescale
         self.on_mismatch, self.local_error = on_mismatch, local_error
+        self.since = time.monotonic()
 
 
 class Engine:
@@ -121,8 +125,15 @@ class Engine:
         self._thread: Optional[threading.Thread] = None
         self._thread_lock = threading.Lock()
         self._stop = False
-        self._wake_comm = None
         self._kick = threading.Event()   # new work or stop, for the progress thread
+        self.blocking: Optional[Tuple[int, float, int]] = None   # run_now's (seq, since, bytes)
+        # a one-byte message to self wakes a waiting executor (new work, stop, the stall limit);
+        # a peer's goodbye fails the calls it will never take part in
+        self._wake_comm, self._bye_comm = ctx.comm.Dup(), ctx.comm.Dup()
+        self.native.enable_wake(self._wake_comm.py2f())
+        self.native.enable_goodbye(self._bye_comm.py2f())
+        self.inspector = StallInspector.start(self)
+        self._closed = False
 
     def set_window(self, win, address: int, slot_bytes: int) -> None:
         with self.lock:
@@ -155,8 +166,10 @@ class Engine:
                 on_mismatch: Callable) -> Optional[BaseException]:
         """A blocking call while the engine is idle (the caller holds the lock): submit and
         wait in one executor call, no handle. Returns the error to raise, or None."""
+        self.blocking = (seq, time.monotonic(), buffer.nbytes)
         status, payload = self.native.submit(seq, (seq % self.ctx.windows) * TAG_SPAN, True, template, buffer,
                                              prescale)
+        self.blocking = None
         return None if status == _executor.STATUS_OK else self._outcome(status, payload, on_mismatch, None)
 
     def _admit(self, call: _Call) -> None:
@@ -213,8 +226,6 @@ class Engine:
             with self.lock:      # finish what callers started: their handles have no event
                 while self.calls:
                     self._report(self.native.progress(True, -1))
-                self._wake_comm = self.ctx.comm.Dup()
-                self.native.enable_wake(self._wake_comm.py2f())
                 self._stop = False
                 self._thread = threading.Thread(target=self._run, name="mcallreduce-progress", daemon=True)
                 self._thread.start()
@@ -229,6 +240,31 @@ class Engine:
             self._wake()
             thread.join()
             self._thread = None
+
+    def waiting(self) -> List[Tuple[int, float, Optional[str], int]]:
+        """(seq, since, name, bytes) of every call in flight (any thread may ask)."""
+        out = [(seq, c.since, c.handle.name, c.buffer.nbytes) for seq, c in list(self.calls.items())]
+        blocking = self.blocking
+        if blocking is not None:
+            out.append((blocking[0], blocking[1], None, blocking[2]))
+        return out
+
+    def fail_all(self, reason: str) -> None:
+        """From any thread: every call in flight fails with ``reason`` (the stall limit)."""
+        self.native.abort(f"mcallreduce: {reason}")
+        self.native.wake()
+
+    def close(self) -> None:
+        """At exit or hvd.shutdown(), on every rank: stop the thread, tell the peers this rank
+        leaves (calls it never started fail there instead of waiting), stop listening."""
+        if self._closed:
+            return
+        self._closed = True
+        self.stop_thread()
+        if self.inspector is not None:
+            self.inspector.stop()
+        with self.lock:
+            self.native.goodbye()
             self.native.disable_wake()
 
     def _wake(self) -> None:

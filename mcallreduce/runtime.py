@@ -8,6 +8,7 @@ compiled executor, metadata vector) plus the buffer, and the engine runs it.
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import sys
 import threading
@@ -51,6 +52,8 @@ class Context:
         # one host: multicolor's local stages through shared memory (mcallreduce/shared.py)
         self.shared = SharedWindow.create(self.comm, config.shm_bytes) if len(self.hosts) == 1 else None
         self.engine = Engine(self)
+        self.closed = False
+        atexit.register(self.close)   # before the window is freed and MPI finalized
         if self.shared is not None:
             self.engine.set_window(self.shared.win, self.shared.address, self.shared.slot_bytes)
         self._plans: Dict[tuple, Plan] = {}
@@ -106,6 +109,17 @@ class Context:
         for rank, lead in enumerate(leaders):
             hosts.setdefault(lead, []).append(rank)
         return [hosts[k] for k in sorted(hosts)]
+
+    def close(self) -> None:
+        """Leave (every rank, at exit or hvd.shutdown()): the engine says goodbye to the peers,
+        so their calls that this rank never started fail instead of waiting; the next
+        ``Context.get`` for this communicator builds a new context (collectively)."""
+        if self.closed:
+            return
+        self.closed = True
+        for key in [k for k, ctx in Context._cache.items() if ctx is self]:
+            del Context._cache[key]
+        self.engine.close()
 
     def release_shared(self) -> None:
         """Free the shared-memory window now (collective); later calls run without it."""

@@ -45,6 +45,16 @@ def test_settings_differing_across_ranks_raise_not_hang():
 
 
 @pytest.mark.parametrize("np_", [2, 3])
+def test_a_stalled_call_is_reported_and_a_rank_that_leaves_makes_the_others_raise(np_):
+    result = mpi_script(np_, "peer_leaves.py", 4, env={"MCALLREDUCE_STALL_CHECK_TIME_SECONDS": "1"}, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("raised after") == np_ - 1, result.stdout
+    stalls = [ln for ln in result.stderr.splitlines() if "stall:" in ln]
+    assert len(stalls) == np_ - 1, result.stderr
+    assert all(re.search(r"waited \d+ s in the metadata check, waiting for rank \d", ln) for ln in stalls), stalls
+
+
+@pytest.mark.parametrize("np_", [2, 3])
 def test_background_progress_thread(np_):
     result = mpi_script(np_, "progress_thread.py", timeout=120)
     assert result.returncode == 0 and "THREAD ok" in result.stdout, result.stdout + result.stderr

@@ -110,7 +110,9 @@ def _stop_progress() -> None:
     ROUTER.active = False
     from mcallreduce import runtime
     ctx = runtime.Context.get(ROUTER.comm)
-    ctx.engine.stop_thread()
+    # stops the progress thread and says goodbye: a peer still waiting on a routed call that
+    # this rank never started fails (HorovodInternalError) instead of waiting forever
+    ctx.close()
     # The shared-memory window too, before the barrier: once any rank enters Horovod's
     # shutdown, every rank's Horovod thread may finalize MPI, and MPI_Finalize frees a window
     # still listed with a barrier among its ranks, which hangs once the other rank has exited.

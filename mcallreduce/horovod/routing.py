@@ -189,6 +189,8 @@ class Router:
             parts = [runtime.allreduce_async(buf, op=op, prescale=prescale, postscale=postscale,
                                              comm=self.comm, out=None if outs is None else outs[i])
                      for i, buf in enumerate(buffers)]
+        for handle in [check] + parts:
+            handle.name = name       # for the stall inspector's report
         return Routed(name, check, parts, unpack)
 
     def serve_joined(self) -> int:

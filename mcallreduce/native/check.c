@@ -43,43 +43,23 @@ static int step_of(int rank, int p, int k, int *peer, int *send_tag, int *recv_t
     return 0;
 }
 
-static void merge(EngineObject *e, run_t *r, int peer, int fold_out);
-
-/* Post the current step, or in a blocking call (the only one in flight) run the steps at once
-   with blocking MPI calls, which skip the request bookkeeping of a nonblocking exchange. */
+/* Post the current step's messages, or, after the last step, the check is done. Never a
+   blocking MPI call: a wait in Waitsome also sees a peer's goodbye and the stall limit. */
 static void post_step(EngineObject *e, run_t *r) {
     int peer, send_tag, recv_tag, capacity = (int)(sizeof(int64_t) * (size_t)r->nmeta + e->fused_max);
-    while (step_of(e->rank, e->size, r->cstep, &peer, &send_tag, &recv_tag)) {
-        int fold_out = e->rank >= largest_power_of_two(e->size);
-        int send = r->tag0 + e->check_tag - send_tag, recv = r->tag0 + e->check_tag - recv_tag;
-        if (r->blocking) {
-            MPI_Status status;
-            int rc;
-            if (send_tag >= 0 && recv_tag >= 0)
-                rc = MPI_Sendrecv(r->cmine, (int)r->cmine_bytes, MPI_BYTE, peer, send, r->crecv, capacity, MPI_BYTE,
-                                  peer, recv, e->ctl, &status);
-            else if (send_tag >= 0)
-                rc = MPI_Send(r->cmine, (int)r->cmine_bytes, MPI_BYTE, peer, send, e->ctl);
-            else
-                rc = MPI_Recv(r->crecv, capacity, MPI_BYTE, peer, recv, e->ctl, &status);
-            if (rc != MPI_SUCCESS) { fail_run(e, r, "the metadata check's exchange", rc); return; }
-            if (recv_tag >= 0) {
-                MPI_Get_count(&status, MPI_BYTE, &r->received);
-                merge(e, r, peer, fold_out);
-            }
-            r->cstep++;
-            continue;
-        }
-        r->pending = (send_tag >= 0) + (recv_tag >= 0);
-        r->received = -1;
-        if (recv_tag >= 0)
-            POST(e, r, OWNER_CHECK_RECV, MPI_Irecv(r->crecv, capacity, MPI_BYTE, peer, recv, e->ctl, &req_));
-        if (send_tag >= 0)
-            POST(e, r, OWNER_CHECK_SEND, MPI_Isend(r->cmine, (int)r->cmine_bytes, MPI_BYTE, peer, send, e->ctl, &req_));
+    if (!step_of(e->rank, e->size, r->cstep, &peer, &send_tag, &recv_tag)) {
+        memcpy(r->meta_out, r->cmine, sizeof(int64_t) * (size_t)r->nmeta);
+        checked(e, r);
         return;
     }
-    memcpy(r->meta_out, r->cmine, sizeof(int64_t) * (size_t)r->nmeta);
-    checked(e, r);
+    r->pending = (send_tag >= 0) + (recv_tag >= 0);
+    r->received = -1;
+    if (recv_tag >= 0)
+        POST(e, r, OWNER_CHECK_RECV, MPI_Irecv(r->crecv, capacity, MPI_BYTE, peer, r->tag0 + e->check_tag - recv_tag,
+                                               e->ctl, &req_));
+    if (send_tag >= 0)
+        POST(e, r, OWNER_CHECK_SEND, MPI_Isend(r->cmine, (int)r->cmine_bytes, MPI_BYTE, peer,
+                                               r->tag0 + e->check_tag - send_tag, e->ctl, &req_));
 }
 
 /* Fold the received message into this rank's: the MAX of the vectors, and a fused call's data. */
@@ -114,6 +94,11 @@ void check_completed(EngineObject *e, run_t *r, int32_t owner, int received_byte
     if (recv_tag >= 0) merge(e, r, peer, e->rank >= largest_power_of_two(e->size));
     r->cstep++;
     post_step(e, r);
+}
+
+int check_peer(EngineObject *e, run_t *r) {
+    int peer, send_tag, recv_tag;
+    return step_of(e->rank, e->size, r->cstep, &peer, &send_tag, &recv_tag) ? peer : -1;
 }
 
 void start_check(EngineObject *e, run_t *r) {

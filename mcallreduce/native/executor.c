@@ -342,6 +342,7 @@ static void shm_next(EngineObject *e) {
 }
 
 void checked(EngineObject *e, run_t *r) {
+    r->meta_checked = 1;
     if (r->kind == KIND_CHECK_ONLY ||
         (r->check != CHECK_OFF && memcmp(r->meta, r->meta_out, sizeof(int64_t) * r->nmeta) != 0)) {
         finish(e, r, STATUS_MISMATCH);
@@ -403,6 +404,32 @@ static void post_wake(EngineObject *e) {
         add_request(e, req, NULL, OWNER_WAKE);
 }
 
+static void post_goodbye(EngineObject *e) {
+    MPI_Request req;
+    if (MPI_Irecv(&e->bye_seq, 1, MPI_LONG_LONG, MPI_ANY_SOURCE, 0, e->bye, &req) == MPI_SUCCESS)
+        add_request(e, req, NULL, OWNER_GOODBYE);
+}
+
+/* Fail every run that cannot finish: from `seq` on (a peer left before starting it), or all
+   (seq < 0: the stall limit). Their requests stay posted, so the runs are kept, not freed. */
+static void abandon(EngineObject *e, long long seq, const char *why) {
+    for (int i = 0; i < e->nruns; i++) {
+        run_t *r = e->runs[i];
+        if (r->done || (seq >= 0 && r->seq < seq)) continue;
+        snprintf(r->error, sizeof r->error, "%s", why);
+        r->abandoned = r->inflight > 0;
+        finish(e, r, STATUS_ERROR);
+    }
+}
+
+static void peer_left(EngineObject *e, int rank, long long seq) {
+    if (e->gone_rank < 0 || seq < e->gone_seq) { e->gone_rank = rank; e->gone_seq = seq; }
+    char why[200];
+    snprintf(why, sizeof why, "rank %d shut down (hvd.shutdown(), or its process exited) before starting this "
+             "allreduce, which every rank must take part in", rank);
+    abandon(e, seq, why);
+}
+
 static void completed(EngineObject *e, int n) {
     /* Detach the completed requests first (moving the tail into their places, highest index
        first): handling them posts new requests at the tail. */
@@ -414,6 +441,7 @@ static void completed(EngineObject *e, int n) {
         steps[k] = e->owner_step[e->index[k]];
         received[k] = 0;
         if (steps[k] == OWNER_CHECK_RECV) MPI_Get_count(&e->statuses[k], MPI_BYTE, &received[k]);
+        if (steps[k] == OWNER_GOODBYE) received[k] = e->statuses[k].MPI_SOURCE;
     }
     for (int a = 1; a < n; a++) {   /* insertion sort, descending */
         int v = e->index[a], b = a - 1;
@@ -430,6 +458,7 @@ static void completed(EngineObject *e, int n) {
         run_t *r = runs[k];
         int32_t step = steps[k];
         if (step == OWNER_WAKE) { e->woken = 1; post_wake(e); continue; }
+        if (step == OWNER_GOODBYE) { long long seq = e->bye_seq; post_goodbye(e); peer_left(e, received[k], seq); continue; }
         r->inflight--;
         if (r->done) continue;                         /* failed earlier: its other requests drain */
         switch (step) {
@@ -462,6 +491,7 @@ static void progress(EngineObject *e, int block, run_t *until) {
             break;
         }
         if (n != MPI_UNDEFINED && n > 0) completed(e, n);
+        if (e->abort_requested) { e->abort_requested = 0; abandon(e, -1, e->abort_reason); }
         if (e->woken) { e->woken = 0; if (!until) break; }
         if (!block) break;
     }
@@ -479,7 +509,7 @@ static PyObject *drain(EngineObject *e) {
     if (!out) return NULL;
     for (int i = 0; i < e->nruns;) {
         run_t *r = e->runs[i];
-        if (!r->done || r->inflight) { i++; continue; }
+        if (!r->done || (r->inflight && !r->abandoned)) { i++; continue; }
         PyObject *payload;
         if (r->status == STATUS_MISMATCH)
             payload = PyBytes_FromStringAndSize((const char *)r->meta_out, sizeof(int64_t) * r->nmeta);
@@ -490,9 +520,10 @@ static PyObject *drain(EngineObject *e) {
         PyObject *item = Py_BuildValue("(LiN)", r->seq, r->status, payload);
         if (!item || PyList_Append(out, item) < 0) { Py_XDECREF(item); Py_DECREF(out); return NULL; }
         Py_DECREF(item);
-        e->runs[i] = e->runs[--e->nruns];
         e->nfinished--;
-        free_run(r);
+        e->runs[i] = e->runs[--e->nruns];
+        if (r->abandoned) { r->grave = e->graveyard; e->graveyard = r; }   /* MPI may still write to it */
+        else free_run(r);
     }
     if (e->fatal[0]) {
         PyErr_Format(PyExc_RuntimeError, "mcallreduce: %s", e->fatal);
@@ -519,11 +550,13 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
     MPI_Comm_rank(self->comm, &self->rank);
     MPI_Comm_size(self->comm, &self->size);
     self->win = MPI_WIN_NULL;
+    self->gone_rank = -1;
     return 0;
 }
 
 static void Engine_dealloc(EngineObject *self) {
     for (int i = 0; i < self->nruns; i++) free_run(self->runs[i]);
+    while (self->graveyard) { run_t *r = self->graveyard; self->graveyard = r->grave; free_run(r); }
     for (int i = 0; i < POOL_SLOTS; i++) free(self->pool[i]);
     free(self->reqs); free(self->owner_run); free(self->owner_step); free(self->index); free(self->statuses);
     free(self->runs);
@@ -560,6 +593,7 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssi
     run_t *r = calloc(1, sizeof(run_t));
     if (!r) return PyErr_NoMemory();
     if (PyObject_GetBuffer(args[4], &r->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) { free(r); return NULL; }
+    if (seq >= self->next_seq) self->next_seq = seq + 1;
     r->seq = seq; r->kind = t->kind; r->dtype = t->dtype; r->op = t->op; r->pre = pre; r->post = t->post;
     r->tag0 = tag0; r->check = t->check; r->blocking = wait;
     r->isz = dtype_size(t->dtype);
@@ -581,7 +615,11 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssi
     }
     self->runs[self->nruns++] = r;
     Py_BEGIN_ALLOW_THREADS
-    if (r->kind == KIND_MPI) {
+    if (self->gone_rank >= 0 && seq >= self->gone_seq) {
+        snprintf(r->error, sizeof r->error, "rank %d shut down (hvd.shutdown(), or its process exited) before "
+                 "starting this allreduce, which every rank must take part in", self->gone_rank);
+        finish(self, r, STATUS_ERROR);
+    } else if (r->kind == KIND_MPI) {
         if (self->coll_tail) self->coll_tail->next = r; else self->coll_head = r;
         self->coll_tail = r;
         start_check(self, r);
@@ -596,23 +634,31 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssi
     if (wait) progress(self, 1, r);
     Py_END_ALLOW_THREADS
     if (!wait) Py_RETURN_NONE;
-    /* the waited call was alone: report it without building the drain's list */
-    if (!r->done || r->inflight || self->nruns != 1 || self->fatal[0]) {
-        PyObject *finished = drain(self);
-        if (!finished) return NULL;
-        Py_DECREF(finished);
-        PyErr_SetString(PyExc_RuntimeError, "mcallreduce: internal error, a waited call did not finish");
-        return NULL;
+    if (r->done && !r->inflight && self->nruns == 1 && !self->fatal[0]) {
+        /* the waited call was alone: report it without building the drain's list */
+        PyObject *payload = r->status == STATUS_MISMATCH
+            ? PyBytes_FromStringAndSize((const char *)r->meta_out, sizeof(int64_t) * r->nmeta)
+            : r->status == STATUS_ERROR ? PyUnicode_FromString(r->error) : Py_NewRef(Py_None);
+        int status = r->status;
+        self->nruns = 0;
+        self->nfinished = 0;
+        free_run(r);
+        if (!payload) return NULL;
+        return Py_BuildValue("(iN)", status, payload);
     }
-    PyObject *payload = r->status == STATUS_MISMATCH
-        ? PyBytes_FromStringAndSize((const char *)r->meta_out, sizeof(int64_t) * r->nmeta)
-        : r->status == STATUS_ERROR ? PyUnicode_FromString(r->error) : Py_NewRef(Py_None);
-    int status = r->status;
-    self->nruns = 0;
-    self->nfinished = 0;
-    free_run(r);
-    if (!payload) return NULL;
-    return Py_BuildValue("(iN)", status, payload);
+    PyObject *finished = drain(self);   /* failed with requests still posted, say */
+    if (!finished) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(finished); i++) {
+        PyObject *item = PyList_GET_ITEM(finished, i);
+        if (PyLong_AsLongLong(PyTuple_GET_ITEM(item, 0)) == seq) {
+            PyObject *outcome = PyTuple_GetSlice(item, 1, 3);
+            Py_DECREF(finished);
+            return outcome;
+        }
+    }
+    Py_DECREF(finished);
+    PyErr_SetString(PyExc_RuntimeError, "mcallreduce: internal error, a waited call did not finish");
+    return NULL;
 }
 
 static PyObject *Engine_progress(EngineObject *self, PyObject *args) {
@@ -666,8 +712,72 @@ static PyObject *Engine_wake(EngineObject *self, PyObject *noargs) {
     Py_RETURN_NONE;
 }
 
+/* enable_goodbye(comm_f): listen for the goodbyes of peers that shut down. */
+static PyObject *Engine_enable_goodbye(EngineObject *self, PyObject *args) {
+    long long bye;
+    if (!PyArg_ParseTuple(args, "L", &bye)) return NULL;
+    if (self->bye_on) Py_RETURN_NONE;
+    self->bye = comm_of(bye);
+    self->bye_on = 1;
+    post_goodbye(self);
+    Py_RETURN_NONE;
+}
+
+/* goodbye(): tell every peer that this rank leaves, having finished every call before the
+   first one still in flight (or every call it started); then stop listening for theirs. */
+static PyObject *Engine_goodbye(EngineObject *self, PyObject *noargs) {
+    if (!self->bye_on) Py_RETURN_NONE;
+    long long seq = self->next_seq;
+    for (int i = 0; i < self->nruns; i++)
+        if (!self->runs[i]->done && self->runs[i]->seq < seq) seq = self->runs[i]->seq;
+    for (int q = 0; q < self->size; q++)
+        if (q != self->rank) MPI_Send(&seq, 1, MPI_LONG_LONG, q, 0, self->bye);   /* eager: returns at once */
+    for (int i = 0; i < self->nreqs; i++) {
+        if (self->owner_step[i] != OWNER_GOODBYE) continue;
+        MPI_Cancel(&self->reqs[i]);
+        MPI_Wait(&self->reqs[i], MPI_STATUS_IGNORE);
+        int last = --self->nreqs;
+        self->reqs[i] = self->reqs[last]; self->owner_run[i] = self->owner_run[last];
+        self->owner_step[i] = self->owner_step[last];
+        break;
+    }
+    self->bye_on = 0;
+    Py_RETURN_NONE;
+}
+
+/* waiting_on(seq) -> (what, peer): what a call in flight waits for, for the stall warning
+   (read while another thread may progress it: a snapshot, not a promise). */
+static PyObject *Engine_waiting_on(EngineObject *self, PyObject *args) {
+    long long seq;
+    if (!PyArg_ParseTuple(args, "L", &seq)) return NULL;
+    for (int i = 0; i < self->nruns; i++) {
+        run_t *r = self->runs[i];
+        if (r->seq != seq) continue;
+        if (r->done) return Py_BuildValue("(si)", "done", -1);
+        if (r->cmine && r->cstep >= 0 && !r->meta_checked) {
+            int peer = check_peer(self, r);
+            return Py_BuildValue("(si)", "the metadata check", peer);
+        }
+        if (r->kind == KIND_SHARED) return Py_BuildValue("(si)", "the shared-memory stage", -1);
+        if (r->kind == KIND_MPI) return Py_BuildValue("(si)", r->coll_ready ? "MPI's allreduce" : "an earlier MPI allreduce", -1);
+        if (r->kind == KIND_SCHEDULE) return Py_BuildValue("(si)", "the schedule's messages", -1);
+        return Py_BuildValue("(si)", "the metadata check", -1);
+    }
+    return Py_BuildValue("(si)", "queued", -1);
+}
+
+/* abort(reason): from any thread, fail every call in flight (the stall limit); a blocked
+   progress() is woken to do it. */
+static PyObject *Engine_abort(EngineObject *self, PyObject *args) {
+    const char *reason;
+    if (!PyArg_ParseTuple(args, "s", &reason)) return NULL;
+    snprintf(self->abort_reason, sizeof self->abort_reason, "%s", reason);
+    self->abort_requested = 1;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Engine_outstanding(EngineObject *self, void *closure) {
-    return PyLong_FromLong(self->nreqs - self->wake_on);
+    return PyLong_FromLong(self->nreqs - self->wake_on - self->bye_on);
 }
 
 static PyObject *Engine_active(EngineObject *self, void *closure) { return PyLong_FromLong(self->nruns); }
@@ -681,6 +791,10 @@ static PyMethodDef Engine_methods[] = {
     {"enable_wake", (PyCFunction)Engine_enable_wake, METH_VARARGS, "enable_wake(comm_f): post the wake receive"},
     {"disable_wake", (PyCFunction)Engine_disable_wake, METH_NOARGS, "cancel the wake receive"},
     {"wake", (PyCFunction)Engine_wake, METH_NOARGS, "make a blocked progress() return"},
+    {"enable_goodbye", (PyCFunction)Engine_enable_goodbye, METH_VARARGS, "enable_goodbye(comm_f)"},
+    {"goodbye", (PyCFunction)Engine_goodbye, METH_NOARGS, "goodbye(): tell the peers this rank leaves"},
+    {"waiting_on", (PyCFunction)Engine_waiting_on, METH_VARARGS, "waiting_on(seq) -> (what, peer)"},
+    {"abort", (PyCFunction)Engine_abort, METH_VARARGS, "abort(reason): fail every call in flight (then wake())"},
     {NULL}
 };
 

@@ -12,7 +12,8 @@ enum { STEP_SEND = 0, STEP_RECV = 1, STEP_RECV_SCRATCH = 2, STEP_REDUCE = 3 };
 enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KIND_FUSED = 4 };
 enum { CHECK_OFF = 0, CHECK_ON = 1 };
 enum { STATUS_OK = 0, STATUS_MISMATCH = 1, STATUS_ERROR = 2 };
-enum { OWNER_CHECK_SEND = -1, OWNER_COLLECTIVE = -2, OWNER_SYNC = -3, OWNER_WAKE = -4, OWNER_CHECK_RECV = -5 };
+enum { OWNER_CHECK_SEND = -1, OWNER_COLLECTIVE = -2, OWNER_SYNC = -3, OWNER_WAKE = -4, OWNER_CHECK_RECV = -5,
+       OWNER_GOODBYE = -6 };
 #define LOWERED_COLUMNS 8   /* op, peer, offset, count, scratch, tag, ndeps, incoming_left */
 #define POOL_SLOTS 8
 
@@ -42,6 +43,8 @@ typedef struct run {
     int kind, check, status, done, pending, tag0, dtype, op, coll_ready;
     int inflight;               /* its requests still posted: a run is drained only at 0 */
     int blocking;               /* the only run in flight, waited for at once: blocking MPI calls */
+    int abandoned;              /* failed while its requests were posted: reported, never freed */
+    struct run *grave;          /* the abandoned runs, kept while MPI may still write to them */
     PyObject *program;          /* ProgramObject or NULL */
     Py_buffer view;             /* the user's buffer, held until the run is drained */
     char *buf;
@@ -56,7 +59,7 @@ typedef struct run {
     int64_t *meta, *meta_out;   /* this rank's vector; the MAX over every rank's, once checked */
     /* the check (check.c): its step, what this rank sends (the MAX so far, then a fused call's
        data), what it receives, and whether the data still holds a valid partial result */
-    int cstep, data_bad, received;
+    int cstep, data_bad, received, meta_checked;
     char *cmine, *crecv;
     size_t cmine_bytes;
     struct run *next;           /* in the collective or shared-memory queue */
@@ -67,6 +70,12 @@ typedef struct {
     PyObject_HEAD
     MPI_Comm comm, ctl, coll, wake;
     int rank, size, check_tag, sync_tag, wake_on, woken;
+    /* a peer's goodbye (its lowest unfinished call) and the calls it will never make */
+    MPI_Comm bye;
+    int bye_on, gone_rank, abort_requested;
+    long long bye_seq, gone_seq, next_seq;
+    run_t *graveyard;
+    char abort_reason[200];
     size_t fused_max;           /* the largest fused call's data: every check receive holds this much */
     MPI_Status *statuses;
     MPI_Request *reqs;
@@ -97,6 +106,7 @@ void checked(EngineObject *e, run_t *r);   /* the check is done: meta_out holds 
 /* check.c: the cross-rank metadata check */
 void start_check(EngineObject *e, run_t *r);
 void check_completed(EngineObject *e, run_t *r, int32_t owner, int received_bytes);
+int check_peer(EngineObject *e, run_t *r);   /* the rank the check's current step waits for */
 
 /* Post a request and record its owner; a failed post fails the run. */
 #define POST(e, r, step, call)                                          \

@@ -1,0 +1,67 @@
+"""The stall inspector: calls that wait too long are reported, then failed, as Horovod's are.
+
+A call that has waited ``stall_check_seconds()`` (``MCALLREDUCE_`` or ``HOROVOD_STALL_CHECK_TIME_SECONDS``,
+default 60) is reported once on stderr: its sequence number, tensor name when it has one,
+size, and what it waits for (the metadata check's peer, the schedule, MPI's allreduce). Past
+``stall_shutdown_seconds()`` every call in flight fails with an error instead of waiting
+forever. A peer that shuts down is noticed sooner by its goodbye (native/executor.c).
+
+The inspector is a daemon thread that sleeps between looks (it never polls MPI), started
+with the engine unless ``*_STALL_CHECK_DISABLE=1``.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Optional
+
+from . import config
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["StallInspector"]
+
+
+class StallInspector:
+    def __init__(self, engine: "Engine", warn_after: float, fail_after: Optional[float]):
+        self.engine, self.warn_after, self.fail_after = engine, warn_after, fail_after
+        self._stop = threading.Event()
+        self._warned: set = set()
+        self._thread = threading.Thread(target=self._run, name="mcallreduce-stall", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def start(cls, engine: "Engine") -> Optional["StallInspector"]:
+        warn_after = config.stall_check_seconds()
+        return None if warn_after is None else cls(engine, warn_after, config.stall_shutdown_seconds())
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        period = max(0.05, min(self.warn_after, self.fail_after or self.warn_after) / 4)
+        while not self._stop.wait(min(period, 5.0)):
+            now = time.monotonic()
+            waiting = self.engine.waiting()
+            for seq, since, name, nbytes in waiting:
+                if seq not in self._warned and now - since >= self.warn_after:
+                    self._warned.add(seq)
+                    self._report(seq, now - since, name, nbytes)
+            if self.fail_after and any(now - since >= self.fail_after for _, since, _, _ in waiting):
+                self.engine.fail_all(f"the call waited longer than the stall shutdown time "
+                                     f"({self.fail_after:g} s); a rank has not started it")
+            live = {seq for seq, _, _, _ in waiting}
+            self._warned &= live
+
+    def _report(self, seq: int, waited: float, name: Optional[str], nbytes: int) -> None:
+        what, peer = self.engine.native.waiting_on(seq)
+        ctx = self.engine.ctx
+        who = f", waiting for rank {peer}" if peer >= 0 else ""
+        tensor = f" of tensor '{name}'" if name else ""
+        print(f"mcallreduce: stall: rank {ctx.rank}'s allreduce #{seq}{tensor} ({nbytes} bytes) has waited "
+              f"{waited:.0f} s in {what}{who}. Every rank must start the same allreduces in the same "
+              f"order; the ranks that have not started this one cannot be named without a coordinator. "
+              f"(MCALLREDUCE_/HOROVOD_STALL_CHECK_TIME_SECONDS sets when this is reported, "
+              f"*_STALL_SHUTDOWN_TIME_SECONDS when the call fails.)", file=sys.stderr, flush=True)
