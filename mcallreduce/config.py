@@ -280,11 +280,19 @@ def horovod_requested_by_import(environ: Optional[Mapping[str, str]] = None) -> 
     return horovod_switch(environ) is not False
 
 
+FUSION_VARIABLE = "HOROVOD_FUSION_THRESHOLD"
+
+
 def bucket_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
-    """MCALLREDUCE_BUCKET_BYTES: gradient bucket capacity of DistributedOptimizer."""
+    """Gradient bucket capacity of DistributedOptimizer: MCALLREDUCE_BUCKET_BYTES, else Horovod's
+    HOROVOD_FUSION_THRESHOLD (bytes; 0, no fusion: every gradient its own bucket), else 25M."""
     value = _env(environ, BUCKET_VARIABLE)
     if not value:
-        return DEFAULT_BUCKET_BYTES
+        fusion = _env(environ, FUSION_VARIABLE)
+        if not fusion:
+            return DEFAULT_BUCKET_BYTES
+        threshold = _integer(FUSION_VARIABLE, fusion, 0, auto=False)
+        return max(1, threshold)
     size = parse_size(value, BUCKET_VARIABLE)
     if size <= 0:
         raise ConfigError(f"{BUCKET_VARIABLE}={value!r}: expected a size > 0 such as 4M or 262144")

@@ -184,10 +184,20 @@ def test_horovod_and_data_variables():
     assert c.horovod_requested_by_startup_hook({"MCALLREDUCE_ALGORITHM": "ring", "MCALLREDUCE_HOROVOD": "0"}) is False
     assert c.horovod_requested_by_import({}) is True
     assert c.bucket_bytes({}) == 25 << 20 and c.bucket_bytes({"MCALLREDUCE_BUCKET_BYTES": "4M"}) == 4 << 20
+    assert c.bucket_bytes({"HOROVOD_FUSION_THRESHOLD": "67108864"}) == 64 << 20      # Horovod's knob
+    assert c.bucket_bytes({"HOROVOD_FUSION_THRESHOLD": "0"}) == 1                    # no fusion
+    assert c.bucket_bytes({"HOROVOD_FUSION_THRESHOLD": "0", "MCALLREDUCE_BUCKET_BYTES": "1M"}) == 1 << 20
+    assert c.stall_check_seconds({}) == 60 and c.stall_check_seconds({"HOROVOD_STALL_CHECK_TIME_SECONDS": "5"}) == 5
+    assert c.stall_check_seconds({"HOROVOD_STALL_CHECK_TIME_SECONDS": "5",
+                                  "MCALLREDUCE_STALL_CHECK_TIME_SECONDS": "2"}) == 2
+    assert c.stall_check_seconds({"HOROVOD_STALL_CHECK_DISABLE": "1"}) is None
+    assert c.stall_shutdown_seconds({}) is None and c.stall_shutdown_seconds({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "9"}) == 9
     assert c.progress_thread(1, {"MCALLREDUCE_PROGRESS_THREAD": "1"}) is True
     for fn, env in [(c.horovod_switch, {"MCALLREDUCE_HOROVOD": "maybe"}),
                     (c.bucket_bytes, {"MCALLREDUCE_BUCKET_BYTES": "0"}),
-                    (c.bucket_bytes, {"MCALLREDUCE_BUCKET_BYTES": "lots"})]:
+                    (c.bucket_bytes, {"MCALLREDUCE_BUCKET_BYTES": "lots"}),
+                    (c.bucket_bytes, {"HOROVOD_FUSION_THRESHOLD": "-1"}),
+                    (c.stall_check_seconds, {"MCALLREDUCE_STALL_CHECK_TIME_SECONDS": "soon"})]:
         with pytest.raises(ConfigError, match=next(iter(env))):
             fn(env)
     with pytest.raises(ConfigError, match="MCALLREDUCE_PROGRESS_THREAD"):
