@@ -4,14 +4,25 @@ Two ways in, both governed by environment variables (see :mod:`.state` and docs/
 
 * zero code change: ``MCALLREDUCE_ALGORITHM=multicolor horovodrun -np 4 python train.py``;
   the startup hook (``mcallreduce-horovod.pth``) patches ``horovod.torch`` when it is imported;
-* one line: ``import mcallreduce.horovod.torch as hvd``.
+* one line: ``import mcallreduce.horovod.torch as hvd``;
+* per call or per optimizer, as Adasum: ``from mcallreduce.horovod import MultiColor``, then
+  ``hvd.allreduce(t, op=MultiColor)`` or ``hvd.DistributedOptimizer(opt, op=MultiColor)``
+  (also ``hvd.MultiColor``); every other call stays stock Horovod. Import it on every rank
+  at the same point (before or after ``hvd.init()``: after it, the import is collective).
 
 Nothing here imports torch, Horovod or mpi4py: the startup hook loads this package in every
 process where a MCALLREDUCE_* variable is set.
 """
 from .state import stats, stock_horovod
 
-__all__ = ["stats", "stock_horovod", "is_active"]
+__all__ = ["stats", "stock_horovod", "is_active", "MultiColor"]
+
+
+def __getattr__(name):
+    if name == "MultiColor":   # imports horovod.torch and patches it for op-only routing
+        from .patch import multicolor_op
+        return multicolor_op()
+    raise AttributeError(f"module 'mcallreduce.horovod' has no attribute {name!r}")
 
 
 def is_active() -> bool:

@@ -210,10 +210,12 @@ def make_distributed_optimizer(stock_factory):
                              num_groups=0, groups=None, sparse_as_dense=False, process_set=None):
         compression = _stock.Compression.none if compression is None else compression
         op = _stock.Average if op is None else op
+        forced = op == state.MULTICOLOR_OP      # op=MultiColor: averaged by the plugin, always
+        op = _stock.Average if forced else op
         process_set = _stock.global_process_set if process_set is None else process_set
         args = (optimizer, named_parameters, compression, backward_passes_per_step, op,
                 gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set)
-        why = _why_stock(optimizer, compression, op, process_set)
+        why = _why_stock(optimizer, compression, op, process_set, forced)
         if why == "inactive":
             return stock_factory(*args)
         if why:
@@ -240,8 +242,8 @@ def make_distributed_optimizer(stock_factory):
     return DistributedOptimizer
 
 
-def _why_stock(optimizer, compression, op, process_set) -> Optional[str]:
-    if not ROUTER.active or state.bypassed():
+def _why_stock(optimizer, compression, op, process_set, forced: bool = False) -> Optional[str]:
+    if not ROUTER.active or state.bypassed() or not (ROUTER.route_all or forced):
         return "inactive"
     if op == _stock.Adasum:
         return "op Adasum"

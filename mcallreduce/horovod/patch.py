@@ -19,8 +19,11 @@ from .bucketing import make_distributed_optimizer
 from .routing import ROUTER, MpiLibProxy
 
 
-def patch_horovod_torch(hvd) -> None:
-    """Patch the imported ``horovod.torch`` package (idempotent)."""
+def patch_horovod_torch(hvd, route_all: bool = True) -> None:
+    """Patch the imported ``horovod.torch`` package (idempotent). ``route_all=False``: only
+    calls with ``op=MultiColor`` are routed (``from mcallreduce.horovod import MultiColor``)."""
+    ROUTER.route_all = ROUTER.route_all or route_all
+    hvd.MultiColor = state.MULTICOLOR_OP
     if getattr(hvd, "_mcallreduce_patched", False):
         return
     mpi_ops = sys.modules["horovod.torch.mpi_ops"]
@@ -45,6 +48,19 @@ def patch_horovod_torch(hvd) -> None:
         module.init, module.shutdown = init, shutdown
     hvd.DistributedOptimizer = optimizer_module.DistributedOptimizer = optimizer
     hvd._mcallreduce_patched = True
+
+
+def multicolor_op() -> int:
+    """``MultiColor``: patch horovod.torch for it (once) and return the op constant. After
+    hvd.init() this activates the router at once, which is collective."""
+    import horovod.torch as hvd
+    if not getattr(hvd, "_MPI_LIB_AVAILABLE", False):
+        raise ImportError("mcallreduce: MultiColor needs Horovod built with its PyTorch extension")
+    first = not getattr(hvd, "_mcallreduce_patched", False)
+    patch_horovod_torch(hvd, route_all=False)
+    if first and hvd.is_initialized() and not ROUTER.active:
+        _activate(hvd, None)
+    return state.MULTICOLOR_OP
 
 
 def _decline(feature: str) -> None:

@@ -164,6 +164,7 @@ class Router:
 
     def __init__(self):
         self.active = False
+        self.route_all = False     # False: only op=MultiColor calls (op-only mode)
         self.comm = None           # the mpi4py communicator of Horovod's global process set
         self.exit_comm = None      # for the barrier before Horovod shuts down (patch._stop_progress)
         self.lock = threading.RLock()   # a metadata check and its data start back to back
@@ -315,8 +316,17 @@ class MpiLibProxy:
                              "tensor, use a different tensor name.")
         return name
 
+    def _routes(self, op: int) -> tuple:
+        """(route?, op): MultiColor is Average, routed even when the environment routes nothing."""
+        if op == state.MULTICOLOR_OP:
+            if not ROUTER.active:
+                state.warn_once("op=MultiColor before hvd.init() or with the plugin inactive")
+            return ROUTER.active and not state.bypassed(), self._ops["Average"]
+        return ROUTER.active and ROUTER.route_all and not state.bypassed(), op
+
     def _allreduce(self, stock_fn, tensor, output, divisor, name, op, prescale, postscale, process_set_id):
-        if not ROUTER.active or state.bypassed():
+        route, op = self._routes(op)
+        if not route:
             return stock_fn(tensor, output, divisor, name, op, prescale, postscale, process_set_id)
         why = self._why_not([tensor], op, process_set_id, divisor)
         if why:
@@ -345,7 +355,8 @@ class MpiLibProxy:
 
     def _grouped_allreduce(self, stock_fn, tensors, outputs, divisor, name, op, prescale, postscale,
                            process_set_id):
-        if not ROUTER.active or state.bypassed():
+        route, op = self._routes(op)
+        if not route:
             return stock_fn(tensors, outputs, divisor, name, op, prescale, postscale, process_set_id)
         why = self._why_not(tensors, op, process_set_id, divisor)
         if why:

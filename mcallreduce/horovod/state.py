@@ -12,6 +12,11 @@ import threading
 import warnings
 from typing import Dict, Iterator
 
+#: ``op=MultiColor``: a Horovod reduction op, like ``hvd.Adasum``, that averages through the
+#: multi-color allreduce, whether or not the environment routes every call (the value is far
+#: from Horovod's own ops, 0-5; stock Horovod never sees it: unrouted, it becomes Average)
+MULTICOLOR_OP = 1 << 20
+
 #: what the plugin did, per kind: "routed" hvd.allreduce* calls, "buckets" of gradients,
 #: "fallback" calls handed to stock Horovod, "served_joined" allreduces of other ranks this
 #: rank contributed zeros to from inside hvd.join()

@@ -83,3 +83,10 @@ def test_horovodrun_launch(env, active):
     activation = re.findall(r"mcallreduce \S+: multicolor allreduce active \(ranks=2, hosts=1, colors=auto\)", output)
     assert len(activation) == (1 if active else 0), output[-3000:]
     assert (seen["ROUTED"] != "0 BUCKETS 0") == active, seen
+
+
+@needs_horovod
+def test_multicolor_op_routes_only_its_calls_in_a_stock_script():
+    # from mcallreduce.horovod import MultiColor, as Horovod users write op=hvd.Adasum
+    result = mpi_job(2, "multicolor_op.py", env={})
+    assert result.returncode == 0 and result.stdout.count("MULTICOLOR-OP ok") == 2, explain(result)
