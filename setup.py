@@ -81,7 +81,8 @@ def executor_extension():
         print("mcallreduce: no mpicc found; building without the MPI executor")
         return []
     cflags, ldflags = flags
-    return [Extension("mcallreduce._executor", ["mcallreduce/native/executor.c", "mcallreduce/native/check.c"],
+    return [Extension("mcallreduce._executor", ["mcallreduce/native/module.c", "mcallreduce/native/executor.c",
+                                                "mcallreduce/native/check.c"],
                       depends=["mcallreduce/native/kernels.h", "mcallreduce/native/executor.h"],
                       extra_compile_args=cflags + ["-O3", "-std=c11"], extra_link_args=ldflags)]
 

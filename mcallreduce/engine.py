@@ -167,9 +167,11 @@ class Engine:
         """A blocking call while the engine is idle (the caller holds the lock): submit and
         wait in one executor call, no handle. Returns the error to raise, or None."""
         self.blocking = (seq, time.monotonic(), buffer.nbytes)
-        status, payload = self.native.submit(seq, (seq % self.ctx.windows) * TAG_SPAN, True, template, buffer,
-                                             prescale)
-        self.blocking = None
+        try:
+            status, payload = self.native.submit(seq, (seq % self.ctx.windows) * TAG_SPAN, True, template, buffer,
+                                                 prescale)
+        finally:
+            self.blocking = None
         return None if status == _executor.STATUS_OK else self._outcome(status, payload, on_mismatch, None)
 
     def _admit(self, call: _Call) -> None:

@@ -103,6 +103,15 @@ void fail_run(EngineObject *e, run_t *r, const char *what, int rc);
 void finish(EngineObject *e, run_t *r, int status);
 void checked(EngineObject *e, run_t *r);   /* the check is done: meta_out holds every rank's MAX */
 
+void start_run(EngineObject *e, run_t *r);            /* a submitted run, from its check on */
+void progress(EngineObject *e, int block, run_t *until);   /* without the GIL */
+PyObject *drain(EngineObject *e);                     /* finished runs, with the GIL */
+PyObject *outcome_payload(run_t *r);                  /* what Python raises for a finished run */
+void free_run(run_t *r);
+void post_wake(EngineObject *e);
+void post_goodbye(EngineObject *e);
+void cancel_standing(EngineObject *e, int32_t owner);
+
 /* check.c: the cross-rank metadata check */
 void start_check(EngineObject *e, run_t *r);
 void check_completed(EngineObject *e, run_t *r, int32_t owner, int received_bytes);

@@ -1,0 +1,394 @@
+/* The executor's Python interface: Program (a lowered schedule), Template (a plan's fixed
+ * call arguments) and Engine (submit, progress, wake, goodbye), over executor.c. */
+#include <stdlib.h>
+
+#include "executor.h"
+
+/* ------------------------------------------------------------------ lowered program */
+
+static int read_int64(PyObject *obj, int64_t **out, Py_ssize_t *n) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (view.itemsize != 8) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "lowered arrays must be int64");
+        return -1;
+    }
+    *n = view.len / 8;
+    *out = malloc((size_t)(*n ? *n : 1) * 8);
+    if (!*out) { PyBuffer_Release(&view); PyErr_NoMemory(); return -1; }
+    memcpy(*out, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return 0;
+}
+
+static int Program_init(ProgramObject *self, PyObject *args, PyObject *kw) {
+    PyObject *steps_obj, *ptr_obj, *deps_obj;
+    long long scratch;
+    static char *names[] = {"steps", "dep_ptr", "dependents", "scratch_elems", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL", names, &steps_obj, &ptr_obj, &deps_obj, &scratch))
+        return -1;
+    int64_t *raw = NULL, *deps = NULL;
+    Py_ssize_t nraw, nptr, ndeps;
+    if (read_int64(steps_obj, &raw, &nraw) < 0) return -1;
+    if (read_int64(ptr_obj, &self->dep_ptr, &nptr) < 0) { free(raw); return -1; }
+    if (read_int64(deps_obj, &deps, &ndeps) < 0) { free(raw); return -1; }
+    self->nsteps = nraw / LOWERED_COLUMNS;
+    if (nraw % LOWERED_COLUMNS || nptr != self->nsteps + 1 || self->dep_ptr[self->nsteps] != ndeps) {
+        free(raw); free(deps);
+        PyErr_SetString(PyExc_ValueError, "inconsistent lowered program");
+        return -1;
+    }
+    self->steps = malloc(sizeof(step_t) * (size_t)(self->nsteps ? self->nsteps : 1));
+    self->dependents = malloc(sizeof(int32_t) * (size_t)(ndeps ? ndeps : 1));
+    for (int64_t i = 0; i < self->nsteps; i++) {
+        int64_t *r = raw + i * LOWERED_COLUMNS;
+        step_t *s = &self->steps[i];
+        s->op = (int32_t)r[0]; s->peer = (int32_t)r[1]; s->offset = r[2]; s->count = r[3];
+        s->scratch = r[4]; s->tag = (int32_t)r[5]; s->ndeps = (int32_t)r[6]; s->left = (int32_t)r[7];
+    }
+    for (Py_ssize_t i = 0; i < ndeps; i++) self->dependents[i] = (int32_t)deps[i];
+    free(raw); free(deps);
+    self->scratch_elems = scratch;
+    return 0;
+}
+
+static void Program_dealloc(ProgramObject *self) {
+    free(self->steps); free(self->dep_ptr); free(self->dependents);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Program_len(ProgramObject *self, void *closure) { return PyLong_FromLongLong(self->nsteps); }
+
+static PyGetSetDef Program_getset[] = {
+    {"nsteps", (getter)Program_len, NULL, "number of steps", NULL},
+    {NULL}
+};
+
+static PyTypeObject ProgramType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mcallreduce._executor.Program",
+    .tp_doc = "One rank's lowered schedule: flat step arrays and the dependents' CSR lists.",
+    .tp_basicsize = sizeof(ProgramObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Program_init,
+    .tp_dealloc = (destructor)Program_dealloc,
+    .tp_getset = Program_getset,
+};
+
+
+/* ------------------------------------------------------------------ call template */
+
+/* What does not change from one call of a plan to the next: parsed once per plan. */
+static int Template_init(TemplateObject *self, PyObject *args, PyObject *kw) {
+    PyObject *program, *meta;
+    static char *names[] = {"kind", "program", "dtype", "op", "postscale", "meta", "check", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOiidOi", names, &self->kind, &program, &self->dtype, &self->op,
+                                     &self->post, &meta, &self->check))
+        return -1;
+    if (self->kind == KIND_SCHEDULE && !PyObject_TypeCheck(program, &ProgramType)) {
+        PyErr_SetString(PyExc_TypeError, "a schedule needs a Program");
+        return -1;
+    }
+    if (dtype_size(self->dtype) == 0) { PyErr_SetString(PyExc_ValueError, "unknown dtype code"); return -1; }
+    if (program != Py_None) { Py_INCREF(program); Py_XSETREF(self->program, program); }
+    if (meta != Py_None) {
+        Py_ssize_t n;
+        free(self->meta);
+        self->meta = NULL;
+        if (read_int64(meta, &self->meta, &n) < 0) return -1;
+        self->nmeta = (int)n;
+    } else if (self->check != CHECK_OFF || self->kind == KIND_CHECK_ONLY) {
+        PyErr_SetString(PyExc_ValueError, "a checked call needs its metadata vector");
+        return -1;
+    }
+    return 0;
+}
+
+static void Template_dealloc(TemplateObject *self) {
+    Py_XDECREF(self->program);
+    free(self->meta);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject TemplateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mcallreduce._executor.Template",
+    .tp_doc = "Template(kind, program, dtype, op, postscale, meta, check): one plan's fixed call arguments.",
+    .tp_basicsize = sizeof(TemplateObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Template_init,
+    .tp_dealloc = (destructor)Template_dealloc,
+};
+
+/* ------------------------------------------------------------------ Python interface */
+
+static MPI_Comm comm_of(long long handle) { return MPI_Comm_f2c((MPI_Fint)handle); }
+
+static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
+    long long comm, ctl, coll;
+    long long fused_max;
+    static char *names[] = {"comm", "ctl", "coll", "check_tag", "sync_tag", "fused_max", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLiiL", names, &comm, &ctl, &coll, &self->check_tag,
+                                     &self->sync_tag, &fused_max))
+        return -1;
+    self->fused_max = (size_t)fused_max;
+    self->comm = comm_of(comm); self->ctl = comm_of(ctl); self->coll = comm_of(coll);
+    MPI_Comm_rank(self->comm, &self->rank);
+    MPI_Comm_size(self->comm, &self->size);
+    self->win = MPI_WIN_NULL;
+    self->gone_rank = -1;
+    return 0;
+}
+
+static void Engine_dealloc(EngineObject *self) {
+    for (int i = 0; i < self->nruns; i++) free_run(self->runs[i]);
+    while (self->graveyard) { run_t *r = self->graveyard; self->graveyard = r->grave; free_run(r); }
+    for (int i = 0; i < POOL_SLOTS; i++) free(self->pool[i]);
+    free(self->reqs); free(self->owner_run); free(self->owner_step); free(self->index); free(self->statuses);
+    free(self->runs);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Engine_set_window(EngineObject *self, PyObject *args) {
+    long long win, base, slot;
+    if (!PyArg_ParseTuple(args, "LLL", &win, &base, &slot)) return NULL;
+    if (self->shm_head) { PyErr_SetString(PyExc_RuntimeError, "shared-memory allreduces in flight"); return NULL; }
+    self->win = win < 0 ? MPI_WIN_NULL : MPI_Win_f2c((MPI_Fint)win);
+    self->win_base = (char *)(intptr_t)base;
+    self->slot_bytes = slot;
+    Py_RETURN_NONE;
+}
+
+/* submit(seq, tag0, wait, template, buffer, prescale): start one call. With wait (only
+   when nothing else is in flight) it runs to completion and returns (status, payload);
+   else None, and progress() reports it. */
+static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyObject_TypeCheck(args[3], &TemplateType)) {
+        PyErr_SetString(PyExc_TypeError, "submit(seq, tag0, wait, template, buffer, prescale)");
+        return NULL;
+    }
+    long long seq = PyLong_AsLongLong(args[0]);
+    int tag0 = (int)PyLong_AsLong(args[1]), wait = PyObject_IsTrue(args[2]);
+    TemplateObject *t = (TemplateObject *)args[3];
+    double pre = PyFloat_AsDouble(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    if (t->kind == KIND_SHARED && self->win == MPI_WIN_NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "no shared-memory window"); return NULL;
+    }
+    if (wait && self->nruns) { PyErr_SetString(PyExc_RuntimeError, "a waited call needs an idle engine"); return NULL; }
+    run_t *r = calloc(1, sizeof(run_t));
+    if (!r) return PyErr_NoMemory();
+    if (PyObject_GetBuffer(args[4], &r->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) { free(r); return NULL; }
+    if (seq >= self->next_seq) self->next_seq = seq + 1;
+    r->seq = seq; r->kind = t->kind; r->dtype = t->dtype; r->op = t->op; r->pre = pre; r->post = t->post;
+    r->tag0 = tag0; r->check = t->check; r->blocking = wait;
+    r->isz = dtype_size(t->dtype);
+    r->buf = r->view.buf;
+    r->nelem = (int64_t)(r->view.len / (Py_ssize_t)r->isz);
+    if (t->program) { Py_INCREF(t->program); r->program = t->program; }
+    if (t->meta) {
+        r->nmeta = t->nmeta;
+        r->meta = malloc(sizeof(int64_t) * (size_t)r->nmeta * 2);
+        if (!r->meta) { free_run(r); return PyErr_NoMemory(); }
+        memcpy(r->meta, t->meta, sizeof(int64_t) * (size_t)r->nmeta);
+        r->meta_out = r->meta + r->nmeta;
+    }
+    if (self->nruns == self->runs_cap) {
+        int cap = self->runs_cap ? 2 * self->runs_cap : 64;
+        run_t **runs = realloc(self->runs, sizeof(run_t *) * cap);
+        if (!runs) { free_run(r); return PyErr_NoMemory(); }
+        self->runs = runs; self->runs_cap = cap;
+    }
+    self->runs[self->nruns++] = r;
+    Py_BEGIN_ALLOW_THREADS
+    start_run(self, r);
+    if (wait) progress(self, 1, r);
+    Py_END_ALLOW_THREADS
+    if (!wait) Py_RETURN_NONE;
+    if (r->done && !r->inflight && self->nruns == 1 && !self->fatal[0]) {
+        /* the waited call was alone: report it without building the drain's list */
+        PyObject *payload = outcome_payload(r);
+        int status = r->status;
+        self->nruns = 0;
+        self->nfinished = 0;
+        free_run(r);
+        if (!payload) return NULL;
+        return Py_BuildValue("(iN)", status, payload);
+    }
+    PyObject *finished = drain(self);   /* failed with requests still posted, say */
+    if (!finished) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(finished); i++) {
+        PyObject *item = PyList_GET_ITEM(finished, i);
+        if (PyLong_AsLongLong(PyTuple_GET_ITEM(item, 0)) == seq) {
+            PyObject *outcome = PyTuple_GetSlice(item, 1, 3);
+            Py_DECREF(finished);
+            return outcome;
+        }
+    }
+    Py_DECREF(finished);
+    PyErr_SetString(PyExc_RuntimeError, "mcallreduce: internal error, a waited call did not finish");
+    return NULL;
+}
+
+static PyObject *Engine_progress(EngineObject *self, PyObject *args) {
+    int block;
+    long long until = -1;
+    if (!PyArg_ParseTuple(args, "p|L", &block, &until)) return NULL;
+    run_t *target = NULL;
+    if (until >= 0) {
+        for (int i = 0; i < self->nruns; i++) if (self->runs[i]->seq == until) { target = self->runs[i]; break; }
+        if (!target) return PyList_New(0);   /* drained already */
+    }
+    Py_BEGIN_ALLOW_THREADS
+    progress(self, block, target);
+    Py_END_ALLOW_THREADS
+    return drain(self);
+}
+
+static PyObject *Engine_enable_wake(EngineObject *self, PyObject *args) {
+    long long wake;
+    if (!PyArg_ParseTuple(args, "L", &wake)) return NULL;
+    if (self->wake_on) Py_RETURN_NONE;
+    self->wake = comm_of(wake);
+    self->wake_on = 1;
+    post_wake(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_disable_wake(EngineObject *self, PyObject *noargs) {
+    cancel_standing(self, OWNER_WAKE);
+    self->wake_on = 0;
+    Py_RETURN_NONE;
+}
+
+/* Make a blocked progress() return: a one-byte eager send to ourselves (any thread). */
+static PyObject *Engine_wake(EngineObject *self, PyObject *noargs) {
+    if (self->wake_on) {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = MPI_Send(&self->wake_send, 1, MPI_BYTE, self->rank, 0, self->wake);
+        Py_END_ALLOW_THREADS
+        if (rc != MPI_SUCCESS) { PyErr_SetString(PyExc_RuntimeError, "mcallreduce: wake-up send failed"); return NULL; }
+    }
+    Py_RETURN_NONE;
+}
+
+/* enable_goodbye(comm_f): listen for the goodbyes of peers that shut down. */
+static PyObject *Engine_enable_goodbye(EngineObject *self, PyObject *args) {
+    long long bye;
+    if (!PyArg_ParseTuple(args, "L", &bye)) return NULL;
+    if (self->bye_on) Py_RETURN_NONE;
+    self->bye = comm_of(bye);
+    self->bye_on = 1;
+    post_goodbye(self);
+    Py_RETURN_NONE;
+}
+
+/* goodbye(): tell every peer that this rank leaves, having finished every call before the
+   first one still in flight (or every call it started); then stop listening for theirs. */
+static PyObject *Engine_goodbye(EngineObject *self, PyObject *noargs) {
+    if (!self->bye_on) Py_RETURN_NONE;
+    long long seq = self->next_seq;
+    for (int i = 0; i < self->nruns; i++)
+        if (!self->runs[i]->done && self->runs[i]->seq < seq) seq = self->runs[i]->seq;
+    for (int q = 0; q < self->size; q++)
+        if (q != self->rank) MPI_Send(&seq, 1, MPI_LONG_LONG, q, 0, self->bye);   /* eager: returns at once */
+    cancel_standing(self, OWNER_GOODBYE);
+    self->bye_on = 0;
+    Py_RETURN_NONE;
+}
+
+/* waiting_on(seq) -> (what, peer): what a call in flight waits for, for the stall warning
+   (read while another thread may progress it: a snapshot, not a promise). */
+static PyObject *Engine_waiting_on(EngineObject *self, PyObject *args) {
+    long long seq;
+    if (!PyArg_ParseTuple(args, "L", &seq)) return NULL;
+    for (int i = 0; i < self->nruns; i++) {
+        run_t *r = self->runs[i];
+        if (r->seq != seq) continue;
+        if (r->done) return Py_BuildValue("(si)", "done", -1);
+        if (r->cmine && r->cstep >= 0 && !r->meta_checked) {
+            int peer = check_peer(self, r);
+            return Py_BuildValue("(si)", "the metadata check", peer);
+        }
+        if (r->kind == KIND_SHARED) return Py_BuildValue("(si)", "the shared-memory stage", -1);
+        if (r->kind == KIND_MPI) return Py_BuildValue("(si)", r->coll_ready ? "MPI's allreduce" : "an earlier MPI allreduce", -1);
+        if (r->kind == KIND_SCHEDULE) return Py_BuildValue("(si)", "the schedule's messages", -1);
+        return Py_BuildValue("(si)", "the metadata check", -1);
+    }
+    return Py_BuildValue("(si)", "queued", -1);
+}
+
+/* abort(reason): from any thread, fail every call in flight (the stall limit); a blocked
+   progress() is woken to do it. */
+static PyObject *Engine_abort(EngineObject *self, PyObject *args) {
+    const char *reason;
+    if (!PyArg_ParseTuple(args, "s", &reason)) return NULL;
+    snprintf(self->abort_reason, sizeof self->abort_reason, "%s", reason);
+    self->abort_requested = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_outstanding(EngineObject *self, void *closure) {
+    return PyLong_FromLong(self->nreqs - self->wake_on - self->bye_on);
+}
+
+static PyObject *Engine_active(EngineObject *self, void *closure) { return PyLong_FromLong(self->nruns); }
+
+static PyMethodDef Engine_methods[] = {
+    {"submit", (PyCFunction)(void (*)(void))Engine_submit, METH_FASTCALL,
+     "submit(seq, tag0, wait, template, buffer, prescale) -> None, or with wait (status, payload)"},
+    {"progress", (PyCFunction)Engine_progress, METH_VARARGS,
+     "progress(block, until=-1) -> finished runs; blocks until `until` is done, or any run finishes"},
+    {"set_window", (PyCFunction)Engine_set_window, METH_VARARGS, "set_window(win_f, base_address, slot_bytes)"},
+    {"enable_wake", (PyCFunction)Engine_enable_wake, METH_VARARGS, "enable_wake(comm_f): post the wake receive"},
+    {"disable_wake", (PyCFunction)Engine_disable_wake, METH_NOARGS, "cancel the wake receive"},
+    {"wake", (PyCFunction)Engine_wake, METH_NOARGS, "make a blocked progress() return"},
+    {"enable_goodbye", (PyCFunction)Engine_enable_goodbye, METH_VARARGS, "enable_goodbye(comm_f)"},
+    {"goodbye", (PyCFunction)Engine_goodbye, METH_NOARGS, "goodbye(): tell the peers this rank leaves"},
+    {"waiting_on", (PyCFunction)Engine_waiting_on, METH_VARARGS, "waiting_on(seq) -> (what, peer)"},
+    {"abort", (PyCFunction)Engine_abort, METH_VARARGS, "abort(reason): fail every call in flight (then wake())"},
+    {NULL}
+};
+
+static PyGetSetDef Engine_getset[] = {
+    {"outstanding", (getter)Engine_outstanding, NULL, "MPI requests in flight (the wake receive aside)", NULL},
+    {"active", (getter)Engine_active, NULL, "runs not yet drained", NULL},
+    {NULL}
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mcallreduce._executor.Engine",
+    .tp_doc = "Every allreduce in flight on one communicator context.",
+    .tp_basicsize = sizeof(EngineObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Engine_init,
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_methods = Engine_methods,
+    .tp_getset = Engine_getset,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_executor",
+                                    "The compiled executor of mcallreduce's schedules (see executor.c).", -1, NULL};
+
+PyMODINIT_FUNC PyInit__executor(void) {
+    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&TemplateType) < 0 || PyType_Ready(&EngineType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType);
+    PyModule_AddObjectRef(m, "Template", (PyObject *)&TemplateType);
+    PyModule_AddObjectRef(m, "Engine", (PyObject *)&EngineType);
+#define CONST(name, value) PyModule_AddIntConstant(m, name, value)
+    CONST("KIND_CHECK_ONLY", KIND_CHECK_ONLY); CONST("KIND_SCHEDULE", KIND_SCHEDULE);
+    CONST("KIND_MPI", KIND_MPI); CONST("KIND_SHARED", KIND_SHARED);
+    CONST("KIND_FUSED", KIND_FUSED); CONST("CHECK_OFF", CHECK_OFF); CONST("CHECK_ON", CHECK_ON);
+    CONST("STATUS_OK", STATUS_OK); CONST("STATUS_MISMATCH", STATUS_MISMATCH); CONST("STATUS_ERROR", STATUS_ERROR);
+    CONST("LOWERED_COLUMNS", LOWERED_COLUMNS);
+    return m;
+}
