@@ -25,7 +25,9 @@ standard library):
 | MCALLREDUCE_BUCKET_BYTES     | a size (25M, 4M)               | 25M        |
 | MCALLREDUCE_PROGRESS_THREAD  | auto, 1, 0                     | auto       |
 
-and the data package's ``MCALLREDUCE_DATA_*`` variables (:data:`DATA_VARIABLES`, read through
+the stall inspector's ``MCALLREDUCE_STALL_CHECK_TIME_SECONDS`` (60), ``MCALLREDUCE_STALL_CHECK_DISABLE``
+and ``MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS`` (each falling back to Horovod's ``HOROVOD_*``
+of the same name), and the data package's ``MCALLREDUCE_DATA_*`` variables (:data:`DATA_VARIABLES`, read through
 the :class:`data` namespace; docs/data.md lists them).
 
 Variables are read once, at first use (like Horovod's); a process that changes

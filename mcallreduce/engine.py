@@ -259,7 +259,8 @@ class Engine:
     def close(self) -> None:
         """At exit or hvd.shutdown(), on every rank: stop the thread, tell the peers this rank
         leaves (calls it never started fail there instead of waiting), stop listening."""
-        if self._closed:
+        from mpi4py import MPI
+        if self._closed or MPI.Is_finalized():   # the user may have finalized MPI already
             return
         self._closed = True
         self.stop_thread()

@@ -1,7 +1,7 @@
 """Predicted allreduce time per algorithm and size, for what the runtime would actually run.
 
 ``predict(algorithm, model, nbytes)``: "multicolor" and "ring" resolve their parameters
-with :func:`mcallreduce.config.resolve` (as the runtime does for an environment without
+with :func:`mcallreduce.policy.resolve` (as the runtime does for an environment without
 ``MCALLREDUCE_*`` overrides) unless ``params`` is given, build the runtime's schedule
 and play it; with ``check`` (the runtime's default) the metadata check, a 176-byte
 MPI_Iallreduce before the schedule starts, is added. "mpi" is Open MPI 4.1's default
