@@ -48,7 +48,7 @@ from typing import Mapping, Optional, Sequence
 
 __all__ = ["ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_size",
            "horovod_switch", "horovod_requested_by_startup_hook", "horovod_requested_by_import",
-           "bucket_bytes", "progress_thread", "stall_check_seconds", "stall_shutdown_seconds", "data"]
+           "bucket_bytes", "progress_thread", "stall_check_seconds", "stall_shutdown_seconds", "timeline_file", "data"]
 
 #: every algorithm the runtime accepts; "mpi" is MPI_Allreduce itself (stock Horovod's CPU path).
 #: The first three are schedules (``algorithms.SCHEDULED``, checked equal by the tests).
@@ -311,6 +311,11 @@ def progress_thread(ranks_on_host: int, environ: Optional[Mapping[str, str]] = N
     if value in ("1", "0"):
         return value == "1"
     raise ConfigError(f"{PROGRESS_VARIABLE}={value!r}: allowed values are auto, 1, 0")
+
+
+def timeline_file(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """MCALLREDUCE_TIMELINE, else Horovod's HOROVOD_TIMELINE: the routed calls' Chrome trace."""
+    return _env(environ, "MCALLREDUCE_TIMELINE") or _env(environ, "HOROVOD_TIMELINE") or None
 
 
 # ---------------------------------------------------------------- stalls

@@ -14,7 +14,7 @@ import sys
 import warnings
 
 from .. import config
-from . import state
+from . import state, timeline
 from .bucketing import make_distributed_optimizer
 from .routing import ROUTER, MpiLibProxy
 
@@ -105,6 +105,8 @@ def _activate(hvd, comm_arg) -> None:
     atexit.register(_stop_progress)   # runs before Horovod's atexit shutdown (registered earlier)
     ROUTER.comm = comm
     ROUTER.exit_comm = ours.Dup()
+    path = timeline.path_for(ctx.rank)
+    ROUTER.timeline = timeline.Timeline(path, ctx.rank) if path else None
     ROUTER.active = True
     if ctx.rank == 0:
         colors = settings.colors if settings.colors is not None else "auto"
@@ -124,6 +126,8 @@ def _stop_progress() -> None:
     if not ROUTER.active:
         return
     ROUTER.active = False
+    if ROUTER.timeline is not None:
+        ROUTER.timeline.write()
     from mcallreduce import runtime
     ctx = runtime.Context.get(ROUTER.comm)
     # stops the progress thread and says goodbye: a peer still waiting on a routed call that

@@ -169,6 +169,7 @@ class Router:
         self.exit_comm = None      # for the barrier before Horovod shuts down (patch._stop_progress)
         self.lock = threading.RLock()   # a metadata check and its data start back to back
         self.inflight: Dict[int, Routed] = {}
+        self.timeline = None       # a horovod.timeline.Timeline when one is asked for
         self.names: set = set()
         self._next = 0
 
@@ -192,6 +193,9 @@ class Router:
                      for i, buf in enumerate(buffers)]
         for handle in [check] + parts:
             handle.name = name       # for the stall inspector's report
+        if self.timeline is not None:
+            kind = "gradient bucket" if name.startswith("gradient bucket") else "allreduce"
+            self.timeline.record(name, kind, check, parts, sum(b.numel() * b.element_size() for b in buffers))
         return Routed(name, check, parts, unpack)
 
     def serve_joined(self) -> int:

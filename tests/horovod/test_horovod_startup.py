@@ -90,3 +90,18 @@ def test_multicolor_op_routes_only_its_calls_in_a_stock_script():
     # from mcallreduce.horovod import MultiColor, as Horovod users write op=hvd.Adasum
     result = mpi_job(2, "multicolor_op.py", env={})
     assert result.returncode == 0 and result.stdout.count("MULTICOLOR-OP ok") == 2, explain(result)
+
+
+@needs_horovod
+def test_routed_calls_are_in_a_chrome_trace_on_every_rank(tmp_path):
+    import json
+    result = mpi_job(2, "unmodified.py", env={"MCALLREDUCE_HOROVOD": "1", "MCALLREDUCE_TIMELINE": str(tmp_path / "t.json")})
+    seen = report(result)
+    for rank in (0, 1):
+        trace = json.loads((tmp_path / f"t.mcallreduce.rank{rank}.json").read_text())
+        events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+        data = [e for e in events if e["tid"] == 1]
+        assert len(data) == int(seen["ROUTED"].split()[0]) + int(seen["ROUTED"].split()[2]), (events, seen)
+        assert all(e["dur"] >= 0 and e["pid"] == rank for e in events)
+        assert any(e["cat"] == "gradient bucket" for e in data) and any(e["args"]["bytes"] == 4000 for e in data)
+        assert len([e for e in events if e["tid"] == 0]) == len(data)   # one metadata check per call
