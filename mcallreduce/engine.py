@@ -126,7 +126,7 @@ class Engine:
         self._thread_lock = threading.Lock()
         self._stop = False
         self._kick = threading.Event()   # new work or stop, for the progress thread
-        self.blocking: Optional[Tuple[int, float, int]] = None   # run_now's (seq, since, bytes)
+        self.blocking: Optional[Tuple[int, float, int]] = None   # run_if_idle's (seq, since, bytes)
         # a one-byte message to self wakes a waiting executor (new work, stop, the stall limit);
         # a peer's goodbye fails the calls it will never take part in
         self._wake_comm, self._bye_comm = ctx.comm.Dup(), ctx.comm.Dup()
@@ -140,11 +140,6 @@ class Engine:
             self.native.set_window(win.py2f() if win is not None else -1, address, slot_bytes)
 
     # ------------------------------------------------------------------ submission
-    @property
-    def idle(self) -> bool:
-        """Nothing in flight and no progress thread: a blocking call may run on its own."""
-        return self._thread is None and not self.calls
-
     @property
     def threaded(self) -> bool:
         return self._thread is not None
@@ -162,17 +157,30 @@ class Engine:
                 self._admit(call)
         return handle
 
-    def run_now(self, seq: int, template, buffer: np.ndarray, prescale: float,
-                on_mismatch: Callable) -> Optional[BaseException]:
-        """A blocking call while the engine is idle (the caller holds the lock): submit and
-        wait in one executor call, no handle. Returns the error to raise, or None."""
-        self.blocking = (seq, time.monotonic(), buffer.nbytes)
+    def run_if_idle(self, next_seq: Callable[[], int], template, buffer: np.ndarray, prescale: float,
+                    on_mismatch: Callable) -> bool:
+        """Run a blocking call at once, submitted and waited for in one executor call with no
+        handle, when nothing else is in flight and no progress thread owns the executor (that
+        thread holds the lock for its whole life: never block on it). Returns whether it ran;
+        raises the call's error."""
+        if not self.lock.acquire(blocking=False):
+            return False
         try:
-            status, payload = self.native.submit(seq, (seq % self.ctx.windows) * TAG_SPAN, True, template, buffer,
-                                                 prescale)
+            if self._thread is not None or self.calls:
+                return False
+            seq = next_seq()
+            self.blocking = (seq, time.monotonic(), buffer.nbytes)
+            try:
+                status, payload = self.native.submit(seq, (seq % self.ctx.windows) * TAG_SPAN, True, template,
+                                                     buffer, prescale)
+            finally:
+                self.blocking = None
         finally:
-            self.blocking = None
-        return None if status == _executor.STATUS_OK else self._outcome(status, payload, on_mismatch, None)
+            self.lock.release()
+        error = None if status == _executor.STATUS_OK else self._outcome(status, payload, on_mismatch, None)
+        if error is not None:
+            raise error
+        return True
 
     def _admit(self, call: _Call) -> None:
         seq = call.handle.seq

@@ -32,9 +32,6 @@ class Lowered:
     dependents: np.ndarray   # (dep_ptr[-1],) int64
     scratch_elems: int
 
-    def column(self, name: str) -> np.ndarray:
-        return self.steps[:, COLUMNS.index(name)]
-
 
 def lower(program: RankProgram) -> Lowered:
     """The flat arrays of ``program`` (see the module docstring)."""

@@ -252,16 +252,8 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
             ctx.remember(key, base, plan)
     engine = ctx.engine
     with ctx.submit_lock:
-        # Not blocking on the engine's lock, which a progress thread holds for its whole life.
-        if blocking and engine.lock.acquire(blocking=False):
-            try:
-                if engine.idle:
-                    error = engine.run_now(ctx.next_seq(), plan.template, arr, prescale, mismatch)
-                    if error is not None:
-                        raise error
-                    return result
-            finally:
-                engine.lock.release()
+        if blocking and engine.run_if_idle(ctx.next_seq, plan.template, arr, prescale, mismatch):
+            return result
         return engine.submit(ctx.next_seq(), result, plan.template, arr, prescale, mismatch)
 
 
@@ -289,15 +281,8 @@ def allreduce(buf: Any, op: str = "sum", prescale: float = 1.0, postscale: float
         ctx = Context._cache.get(0 if comm is None else comm.py2f()) or Context.get(comm)
         plan = ctx.calls.get((id(_config.current()), algorithm, check, buf.size, buf.dtype.char, op, prescale,
                               postscale))
-        engine = ctx.engine
-        if plan is not None and buf.flags.c_contiguous and buf.flags.writeable and engine.lock.acquire(False):
-            try:
-                if engine._thread is None and not engine.calls:
-                    error = engine.run_now(ctx.next_seq(), plan.template, buf, prescale, mismatch)
-                    if error is not None:
-                        raise error
-                    return buf
-            finally:
-                engine.lock.release()
+        if plan is not None and buf.flags.c_contiguous and buf.flags.writeable and \
+                ctx.engine.run_if_idle(ctx.next_seq, plan.template, buf, prescale, mismatch):
+            return buf
     started = _submit(buf, op, prescale, postscale, comm, algorithm, out, check, overrides, True)
     return started.wait() if isinstance(started, Handle) else started

@@ -302,11 +302,15 @@ static void abandon(EngineObject *e, long long seq, const char *why) {
     }
 }
 
+static void left_before(char *why, size_t size, int rank) {
+    snprintf(why, size, "rank %d shut down (hvd.shutdown(), or its process exited) before starting this "
+             "allreduce, which every rank must take part in", rank);
+}
+
 static void peer_left(EngineObject *e, int rank, long long seq) {
     if (e->gone_rank < 0 || seq < e->gone_seq) { e->gone_rank = rank; e->gone_seq = seq; }
     char why[200];
-    snprintf(why, sizeof why, "rank %d shut down (hvd.shutdown(), or its process exited) before starting this "
-             "allreduce, which every rank must take part in", rank);
+    left_before(why, sizeof why, rank);
     abandon(e, seq, why);
 }
 
@@ -419,8 +423,7 @@ PyObject *drain(EngineObject *e) {
 /* Start a submitted run: its check (which leads to its body), in call order where it queues. */
 void start_run(EngineObject *e, run_t *r) {
     if (e->gone_rank >= 0 && r->seq >= e->gone_seq) {
-        snprintf(r->error, sizeof r->error, "rank %d shut down (hvd.shutdown(), or its process exited) before "
-                 "starting this allreduce, which every rank must take part in", e->gone_rank);
+        left_before(r->error, sizeof r->error, e->gone_rank);
         finish(e, r, STATUS_ERROR);
     } else if (r->kind == KIND_MPI) {
         if (e->coll_tail) e->coll_tail->next = r; else e->coll_head = r;

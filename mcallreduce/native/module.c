@@ -58,13 +58,6 @@ static void Program_dealloc(ProgramObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *Program_len(ProgramObject *self, void *closure) { return PyLong_FromLongLong(self->nsteps); }
-
-static PyGetSetDef Program_getset[] = {
-    {"nsteps", (getter)Program_len, NULL, "number of steps", NULL},
-    {NULL}
-};
-
 static PyTypeObject ProgramType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "mcallreduce._executor.Program",
@@ -74,7 +67,6 @@ static PyTypeObject ProgramType = {
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Program_init,
     .tp_dealloc = (destructor)Program_dealloc,
-    .tp_getset = Program_getset,
 };
 
 
@@ -332,12 +324,6 @@ static PyObject *Engine_abort(EngineObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Engine_outstanding(EngineObject *self, void *closure) {
-    return PyLong_FromLong(self->nreqs - self->wake_on - self->bye_on);
-}
-
-static PyObject *Engine_active(EngineObject *self, void *closure) { return PyLong_FromLong(self->nruns); }
-
 static PyMethodDef Engine_methods[] = {
     {"submit", (PyCFunction)(void (*)(void))Engine_submit, METH_FASTCALL,
      "submit(seq, tag0, wait, template, buffer, prescale) -> None, or with wait (status, payload)"},
@@ -354,12 +340,6 @@ static PyMethodDef Engine_methods[] = {
     {NULL}
 };
 
-static PyGetSetDef Engine_getset[] = {
-    {"outstanding", (getter)Engine_outstanding, NULL, "MPI requests in flight (the wake receive aside)", NULL},
-    {"active", (getter)Engine_active, NULL, "runs not yet drained", NULL},
-    {NULL}
-};
-
 static PyTypeObject EngineType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "mcallreduce._executor.Engine",
@@ -370,7 +350,6 @@ static PyTypeObject EngineType = {
     .tp_init = (initproc)Engine_init,
     .tp_dealloc = (destructor)Engine_dealloc,
     .tp_methods = Engine_methods,
-    .tp_getset = Engine_getset,
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_executor",
