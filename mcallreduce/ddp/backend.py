@@ -1,0 +1,198 @@
+"""The ``mcallreduce`` torch.distributed backend: a Python process group over the MPI world.
+
+    import mcallreduce.ddp
+    mcallreduce.ddp.init_process_group("mcallreduce")          # under mpirun
+    # or: dist.init_process_group("mcallreduce", init_method="mcallreduce://")
+    model = DistributedDataParallel(net)                       # buckets go through the engine
+
+``allreduce`` runs on the engine (the multi-color allreduce by default) and returns a work
+object whose future the engine completes. ``broadcast``, ``allgather`` and ``barrier`` are
+MPI's own, run when called, after this group's allreduces in flight (so a script sees its
+collectives in call order, as on gloo); DDP calls them at construction, at the bucket
+rebuild and for buffers, not for gradients. Other collectives raise NotImplementedError.
+
+The group subclasses torch's public ``ProcessGroup`` and ``Work``; registering a Python
+backend is marked experimental in torch 2.13.
+"""
+from __future__ import annotations
+
+import datetime
+from typing import Any, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import config
+from .futures import future_for, reducible
+
+__all__ = ["ProcessGroupMulticolor", "BACKEND", "register"]
+
+BACKEND = "mcallreduce"
+
+_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "average", dist.ReduceOp.MIN: "min",
+        dist.ReduceOp.MAX: "max", dist.ReduceOp.PRODUCT: "product"}
+_IMPLEMENTED = "allreduce, broadcast, allgather and barrier"
+
+
+class _Work(dist.Work):
+    """A collective of this group; ``wait()`` drives the engine when no progress thread does."""
+
+    def __init__(self, handle: Any, future: torch.futures.Future):
+        super().__init__()
+        self._handle, self._future = handle, future
+
+    def wait(self, timeout: Optional[datetime.timedelta] = None) -> bool:
+        if self._handle is not None:
+            self._handle.wait()
+        self._future.wait()   # the callback that completes it may still be running
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def get_future(self) -> torch.futures.Future:
+        if self._handle is not None and not self._handle._engine.threaded:
+            # without a progress thread nobody else would complete it (DDP waits on it in C++)
+            try:
+                self._handle.wait()
+            except Exception:   # noqa: BLE001  (the future carries the error)
+                pass
+        return self._future
+
+
+def _done(value: Any) -> _Work:
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(value)
+    return _Work(None, future)
+
+
+def _bytes(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor's bytes as a writable uint8 view (collectives that only move data)."""
+    if not tensor.is_contiguous() or tensor.device.type != "cpu":
+        raise ValueError(f"mcallreduce backend: expected a contiguous CPU tensor, got {tensor.device} "
+                         f"{'contiguous' if tensor.is_contiguous() else 'non-contiguous'}")
+    return tensor.reshape(-1).view(torch.uint8).numpy()
+
+
+class ProcessGroupMulticolor(dist.ProcessGroup):
+    """Every rank of an MPI communicator (default COMM_WORLD) as a torch process group."""
+
+    def __init__(self, rank: int, size: int, comm: Any = None, progress_thread: Optional[bool] = None):
+        super().__init__(rank, size)
+        from mpi4py import MPI
+        from .. import runtime
+        world = comm if comm is not None else MPI.COMM_WORLD
+        if (rank, size) != (world.Get_rank(), world.Get_size()):
+            hint = " (started without mpirun?)" if world.Get_size() == 1 and size > 1 else ""
+            raise RuntimeError(f"mcallreduce backend: torch asks for rank {rank} of {size} but the MPI "
+                               f"communicator has rank {world.Get_rank()} of {world.Get_size()}{hint}; the "
+                               "group is the MPI world, so a subset (new_group(ranks=...)) is not supported")
+        self._comm = world.Dup()                       # its allreduces: an engine of its own
+        self._side = world.Dup()                       # broadcast, allgather, barrier
+        self._allreduce_async = runtime.allreduce_async
+        context = runtime.Context.get(self._comm)
+        if progress_thread is None:
+            progress_thread = config.progress_thread(max(len(host) for host in context.hosts))
+        if progress_thread:
+            runtime.start_progress_thread(self._comm)
+        self._in_flight: List[Any] = []
+
+    def getBackendName(self) -> str:   # noqa: N802  (torch's name)
+        return BACKEND
+
+    # ------------------------------------------------------------------ implemented
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        kind = getattr(reduce_op, "op", reduce_op)   # a ReduceOp wraps its RedOpType
+        op = _OPS.get(kind)
+        if op is None:
+            raise ValueError(f"mcallreduce backend: reduce op {getattr(kind, 'name', kind)} is not supported; "
+                             "supported: SUM, AVG, MIN, MAX, PRODUCT")
+        if len(tensors) != 1:
+            raise ValueError(f"mcallreduce backend: allreduce of {len(tensors)} tensors per call; pass one")
+        tensor = tensors[0]
+        work, finish = reducible(tensor)
+        handle = self._allreduce_async(work, op=op, comm=self._comm)
+        self._in_flight = [h for h in self._in_flight if not h.done] + [handle]
+        return _Work(handle, future_for(handle, [tensor], finish))
+
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        root = opts.rootRank if opts is not None else 0
+        self._finish_allreduces()
+        for tensor in tensors:
+            self._side.Bcast(_bytes(tensor), root=root)
+        return _done(tensors)
+
+    def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
+                  opts: Any = None) -> dist.Work:
+        self._finish_allreduces()
+        for outputs, tensor in zip(output_tensors, input_tensors):
+            mine = _bytes(tensor)
+            sizes = self._side.allgather(mine.size)
+            if len(set(sizes)) != 1 or len(outputs) != self.size():
+                raise ValueError(f"mcallreduce backend: allgather of {sizes} bytes from the ranks into "
+                                 f"{len(outputs)} outputs; every rank must send the same size, one output a rank")
+            gathered = np.empty(mine.size * self.size(), np.uint8)
+            self._side.Allgather(mine, gathered)
+            for r, out in enumerate(outputs):
+                _bytes(out)[...] = gathered[r * mine.size:(r + 1) * mine.size]
+        return _done(output_tensors)
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        self._finish_allreduces()
+        self._side.Barrier()
+        return _done(None)
+
+    def _finish_allreduces(self) -> None:
+        for handle in self._in_flight:
+            try:
+                handle.wait()
+            except Exception:   # noqa: BLE001  (reported by the allreduce's own work)
+                pass
+        self._in_flight = []
+
+    # ------------------------------------------------------------------ not implemented
+    def _missing(self, name: str):
+        raise NotImplementedError(f"mcallreduce backend: {name} is not implemented (it implements {_IMPLEMENTED}); "
+                                  "run it on a gloo group: dist.new_group(backend='gloo')")
+
+    def reduce(self, *args, **kwargs): self._missing("reduce")                          # noqa: E704
+    def gather(self, *args, **kwargs): self._missing("gather")                          # noqa: E704
+    def scatter(self, *args, **kwargs): self._missing("scatter")                        # noqa: E704
+    def reduce_scatter(self, *args, **kwargs): self._missing("reduce_scatter")          # noqa: E704
+    def _reduce_scatter_base(self, *args, **kwargs): self._missing("reduce_scatter_tensor")   # noqa: E704
+    def _allgather_base(self, *args, **kwargs): self._missing("all_gather_into_tensor")  # noqa: E704
+    def allgather_coalesced(self, *args, **kwargs): self._missing("allgather_coalesced")  # noqa: E704
+    def allgather_into_tensor_coalesced(self, *args, **kwargs): self._missing("allgather_into_tensor_coalesced")  # noqa
+    def allreduce_coalesced(self, *args, **kwargs): self._missing("allreduce_coalesced")  # noqa: E704
+    def alltoall(self, *args, **kwargs): self._missing("all_to_all")                    # noqa: E704
+    def alltoall_base(self, *args, **kwargs): self._missing("all_to_all_single")        # noqa: E704
+    def send(self, *args, **kwargs): self._missing("send")                              # noqa: E704
+    def recv(self, *args, **kwargs): self._missing("recv")                              # noqa: E704
+    def recv_anysource(self, *args, **kwargs): self._missing("recv_anysource")          # noqa: E704
+    def monitored_barrier(self, *args, **kwargs): self._missing("monitored_barrier")    # noqa: E704
+
+
+def _create(store, rank: int, world_size: int, timeout) -> ProcessGroupMulticolor:
+    return ProcessGroupMulticolor(rank, world_size)
+
+
+def _rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minutes=30), **kwargs):
+    """``init_method="mcallreduce://"``: rank, size and torch's store from the MPI world."""
+    from mpi4py import MPI
+    from .world import store_from_mpi
+    store = store_from_mpi(MPI.COMM_WORLD, timeout)
+    yield store, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def register() -> None:
+    """Make ``"mcallreduce"`` a torch.distributed backend and ``mcallreduce://`` an init method
+    (idempotent; done on ``import mcallreduce.ddp``)."""
+    from torch.distributed.rendezvous import register_rendezvous_handler
+    if BACKEND not in dist.Backend.backend_list:
+        dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    try:
+        register_rendezvous_handler(BACKEND, _rendezvous)
+    except RuntimeError:   # registered already
+        pass

@@ -1,0 +1,131 @@
+"""torch.distributed from the MPI world: ``mpirun -np N python train.py`` needs no MASTER_ADDR.
+
+Rank and size come from MPI. Rank 0 starts torch's TCPStore on a port the kernel picks and
+sends its address and port to the others over MPI; the address is the one rank 0 reaches
+the other hosts from (the source address of a route to a peer's interface), or loopback
+when the whole job is on one host. ``MASTER_ADDR`` / ``MASTER_PORT``, when set, win.
+"""
+from __future__ import annotations
+
+import datetime
+import fcntl
+import os
+import socket
+import struct
+from typing import List, Optional, Tuple
+
+import torch.distributed as dist
+
+__all__ = ["init_process_group", "store_from_mpi", "check_matches_mpi", "interface_addresses"]
+
+_SIOCGIFADDR = 0x8915   # Linux ioctl: an interface's IPv4 address
+
+
+def interface_addresses() -> List[Tuple[str, str]]:
+    """(interface, IPv4 address) of every interface that has one, loopback excluded."""
+    out = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                reply = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
+            except OSError:      # no IPv4 address
+                continue
+            address = socket.inet_ntoa(reply[20:24])
+            if not address.startswith("127."):
+                out.append((name, address))
+    return out
+
+
+def _source_address(peer: str) -> str:
+    """This host's address on the route to ``peer`` (a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((peer, 9))
+        return sock.getsockname()[0]
+
+
+def _interface_of(address: str) -> Optional[str]:
+    return next((name for name, addr in interface_addresses() if addr == address), None)
+
+
+def _rank0_address(comm) -> str:
+    """The address the other ranks reach rank 0 at (collective)."""
+    from mpi4py import MPI
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    on_rank0_host = comm.bcast(node.Get_size() == comm.Get_size(), root=0)
+    node.Free()
+    if on_rank0_host:
+        return "127.0.0.1"
+    mine = [addr for _, addr in interface_addresses()]
+    everyone = comm.gather(mine, root=0)
+    address = None
+    if comm.Get_rank() == 0:
+        own = set(everyone[0])
+        for addresses in everyone[1:]:
+            remote = [a for a in addresses if a not in own]
+            if remote:
+                address = _source_address(remote[0])
+                break
+        address = address or (everyone[0][0] if everyone[0] else socket.gethostname())
+    return comm.bcast(address, root=0)
+
+
+def store_from_mpi(comm=None, timeout: datetime.timedelta = datetime.timedelta(minutes=30)) -> dist.TCPStore:
+    """torch's key-value store for the ranks of ``comm`` (default COMM_WORLD), rendezvous over MPI.
+
+    Sets ``GLOO_SOCKET_IFNAME`` (when unset) to the interface this rank reaches rank 0 from,
+    so gloo does not bind the address its host name resolves to (absent in a network namespace).
+    """
+    from mpi4py import MPI
+    comm = comm or MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    address = os.environ.get("MASTER_ADDR") or _rank0_address(comm)
+    port = int(os.environ.get("MASTER_PORT") or 0)
+    store = None
+    if rank == 0:
+        store = dist.TCPStore(address, port, size, True, timeout=timeout, wait_for_workers=False)
+        port = store.port
+    port = comm.bcast(port, root=0)
+    if rank != 0:
+        store = dist.TCPStore(address, port, size, False, timeout=timeout)
+    if "GLOO_SOCKET_IFNAME" not in os.environ and not address.startswith("127."):
+        nic = _interface_of(_source_address(address))
+        if nic:
+            os.environ["GLOO_SOCKET_IFNAME"] = nic
+    return store
+
+
+def init_process_group(backend: str = "gloo", comm=None, timeout: Optional[datetime.timedelta] = None,
+                       **kwargs) -> None:
+    """``torch.distributed.init_process_group`` over the MPI world (default COMM_WORLD).
+
+    ``backend`` is any torch backend: ``"gloo"`` for a DDP job using :func:`multicolor_hook`,
+    ``"mcallreduce"`` for the backend of :mod:`mcallreduce.ddp.backend`. Collective.
+    """
+    from mpi4py import MPI
+    comm = comm or MPI.COMM_WORLD
+    timeout = timeout or datetime.timedelta(minutes=30)
+    store = store_from_mpi(comm, timeout)
+    dist.init_process_group(backend, store=store, rank=comm.Get_rank(), world_size=comm.Get_size(),
+                            timeout=timeout, **kwargs)
+
+
+def check_matches_mpi(group=None, comm=None, what: str = "mcallreduce") -> None:
+    """Raise unless torch.distributed's ``group`` has the ranks of the MPI communicator, in order.
+
+    A torchrun launch without mpirun makes every process an MPI world of one: reducing over
+    it would "average" each rank with itself and nobody would notice.
+    """
+    from mpi4py import MPI
+    comm = comm or MPI.COMM_WORLD
+    if not dist.is_initialized():
+        raise RuntimeError(f"{what}: torch.distributed is not initialised; call "
+                           "mcallreduce.ddp.init_process_group() (under mpirun) first")
+    torch_rank, torch_size = dist.get_rank(group), dist.get_world_size(group)
+    if (torch_rank, torch_size) != (comm.Get_rank(), comm.Get_size()):
+        hint = (" (each process is an MPI world of one: was the job started without mpirun, e.g. by "
+                "torchrun? launch it with mpirun or horovodrun)" if comm.Get_size() == 1 and torch_size > 1 else "")
+        raise RuntimeError(f"{what}: torch.distributed has rank {torch_rank} of {torch_size} but the MPI "
+                           f"communicator has rank {comm.Get_rank()} of {comm.Get_size()}{hint}; the allreduce "
+                           "runs over MPI, so the two must be the same ranks in the same order")
+

@@ -1,0 +1,130 @@
+"""DDP with the multicolor hook, or on the mcallreduce backend, ends where DDP on gloo ends.
+
+Usage: equivalence.py hook|backend. Every variant trains 20 steps twice from the same start,
+on different data per rank: on gloo, then with the arm. Parameters and buffers must agree
+(bitwise at 2 ranks, to 1e-6 relative beyond) and be bitwise equal across ranks. The exit
+status is the result: 0 when every check passed on every rank.
+"""
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from mpi4py import MPI
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import mcallreduce.ddp
+
+ARM = sys.argv[1]
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+mcallreduce.ddp.init_process_group("gloo")
+GROUP = dist.new_group(backend="mcallreduce") if ARM == "backend" else None
+STEPS = 20
+
+
+class WithUnused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = nn.Linear(16, 4), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def network(variant: str) -> nn.Module:
+    torch.manual_seed(99 if variant == "rank1_differs" and rank == 1 else 0)
+    if variant == "batchnorm":
+        return nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 4))
+    if variant == "unused":
+        return WithUnused()
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+OPTIONS = {
+    "plain": {}, "small_buckets": {"bucket_cap_mb": 0.002}, "bucket_view": {"gradient_as_bucket_view": True},
+    "unused": {"find_unused_parameters": True}, "batchnorm": {}, "no_sync": {}, "rank1_differs": {},
+}
+
+
+def train(variant: str, arm: str):
+    model = network(variant)
+    if arm == "backend":
+        ddp = DDP(model, process_group=GROUP, **OPTIONS[variant])
+    else:
+        ddp = DDP(model, **OPTIONS[variant])
+        if arm == "hook":
+            ddp.register_comm_hook(None, mcallreduce.ddp.multicolor_hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    data = torch.Generator().manual_seed(1000 + rank)
+
+    for step in range(STEPS):
+        x, y = torch.randn(8, 16, generator=data), torch.randint(0, 4, (8,), generator=data)
+        if variant == "no_sync" and step % 2 == 0:
+            with ddp.no_sync():
+                nn.functional.cross_entropy(ddp(x), y).backward()
+            continue
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    parameters = {name for name, _ in model.named_parameters()}
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, parameters
+
+
+def compare(variant: str, reference: tuple, got: tuple) -> list:
+    (reference, parameters), (got, _) = reference, got
+    problems = []
+    for name, ref in reference.items():
+        mine = got[name]
+        if size == 2 or not ref.is_floating_point():
+            same = torch.equal(ref, mine)
+        else:
+            same = bool(((ref - mine).abs() <= 1e-6 * ref.abs().max().clamp_min(1e-30)).all())
+        if not same:
+            diff = (ref.double() - mine.double()).abs().max().item()
+            problems.append(f"rank {rank} {variant}/{ARM}: {name} differs from gloo's by {diff:.3g}")
+    # buffers (BatchNorm's running statistics) are each rank's own after the last forward
+    flat = torch.cat([got[name].reshape(-1).double() for name in sorted(parameters)]).numpy().tobytes()
+    if len(set(comm.allgather(flat))) != 1 and rank == 0:
+        problems.append(f"{variant}/{ARM}: parameters differ across ranks")
+    return problems
+
+
+def bf16_gradients() -> list:
+    """One backward of a bfloat16 model: the arm's reduced gradients are the exact result,
+    rounded once (and bitwise gloo's at 2 ranks, where gloo rounds once too)."""
+    grads = {}
+    for arm in ("local", "gloo", ARM):
+        torch.manual_seed(0)
+        model = nn.Linear(64, 8).to(torch.bfloat16)
+        ddp = model if arm == "local" else DDP(model, process_group=GROUP if arm == "backend" else None)
+        if arm == "hook":
+            ddp.register_comm_hook(None, mcallreduce.ddp.multicolor_hook)
+        x = torch.randn(4, 64, generator=torch.Generator().manual_seed(7 + rank)).to(torch.bfloat16)
+        ddp(x).float().pow(2).sum().backward()
+        grads[arm] = [p.grad.clone() for p in model.parameters()]
+    problems = []
+    for i, (local, ours, gloo) in enumerate(zip(grads["local"], grads[ARM], grads["gloo"])):
+        if ARM == "backend":   # DDP divides each rank's bucket first (in bfloat16), then sums
+            exact = sum(comm.allgather((local / size).double()))
+        else:
+            exact = sum(comm.allgather(local.double())) / size
+        if not torch.equal(ours, exact.to(torch.bfloat16)):
+            problems.append(f"rank {rank} bfloat16/{ARM}: gradient {i} is not the exact result, rounded once")
+        if size == 2 and not torch.equal(ours, gloo):
+            problems.append(f"rank {rank} bfloat16/{ARM}: gradient {i} differs from gloo's")
+    return problems
+
+
+problems = []
+for variant in OPTIONS:
+    problems += compare(variant, train(variant, "gloo"), train(variant, ARM))
+problems += bf16_gradients()
+everyone = [p for ps in comm.allgather(problems) for p in ps]
+if rank == 0:
+    print("\n".join(everyone) or f"{ARM}: {len(OPTIONS)} variants agree with gloo at {size} ranks; bfloat16 "
+          "buckets are the exact result, rounded once",
+          flush=True)
+dist.destroy_process_group()
+sys.exit(1 if everyone else 0)

@@ -1,0 +1,53 @@
+"""PyTorch DDP over the multi-color allreduce: the comm hook and the mcallreduce backend against
+DDP on gloo, under mpirun at 2 and 3 ranks; failures reported on every rank; a torchrun-style
+launch without mpirun refused clearly. Each job's exit status is its result."""
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mcallreduce.launch import run
+
+JOBS = Path(__file__).parent / "mpi"
+ROOT = Path(__file__).parents[2]
+
+
+def job(np_, script, *args, env=None, timeout=240):
+    result = run(np_, [sys.executable, str(JOBS / script), *args], env={"PYTHONPATH": str(ROOT), **(env or {})},
+                 timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize("thread", ["0", "1"])
+@pytest.mark.parametrize("arm", ["hook", "backend"])
+@pytest.mark.parametrize("np_", [2, 3])
+def test_ddp_ends_with_the_parameters_of_ddp_on_gloo(np_, arm, thread):
+    out = job(np_, "equivalence.py", arm, env={"MCALLREDUCE_PROGRESS_THREAD": thread})
+    assert f"agree with gloo at {np_} ranks" in out
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_failures_raise_on_every_rank_and_the_backend_matches_gloo(np_):
+    assert f"all reported on {np_} ranks" in job(np_, "failures.py", timeout=120)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_torchrun_launch_without_mpirun_is_refused_clearly():
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, str(JOBS / "torchrun_world.py")], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(r), "WORLD_SIZE": "2",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+             for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert all("every way in raised clearly" in out for out in outs)
