@@ -10,6 +10,13 @@ turns a program into
   dependents are ``dependents[dep_ptr[i]:dep_ptr[i + 1]]``, in the order
   :attr:`RankProgram.dependents` lists them.
 
+Lowering also appends the *done* messages (zero bytes, tag ``done_tag``): to each peer this
+rank sent data to, once those sends completed, and from each peer it received from. A rank
+whose receives completed may still owe its senders protocol messages (the FIN of a
+rendezvous get, queued when the shared-memory FIFO is full) that MPI sends only while the
+rank is inside an MPI call; without the done messages it could return and leave a peer
+waiting until it next calls MPI (with DDP on gloo in between: never).
+
 Plans lower once and keep the result (mcallreduce/runtime.py), as they keep the schedule.
 """
 from __future__ import annotations
@@ -18,9 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .schedule import RankProgram
+from .schedule import Op, RankProgram, Step
 
-__all__ = ["COLUMNS", "Lowered", "lower"]
+__all__ = ["COLUMNS", "Lowered", "lower", "with_done_messages"]
 
 COLUMNS = ("op", "peer", "offset", "count", "scratch", "tag", "ndeps", "incoming_left")
 
@@ -33,8 +40,23 @@ class Lowered:
     scratch_elems: int
 
 
-def lower(program: RankProgram) -> Lowered:
-    """The flat arrays of ``program`` (see the module docstring)."""
+def with_done_messages(program: RankProgram, done_tag: int) -> RankProgram:
+    """``program`` plus the done messages of the module docstring."""
+    sends: dict = {}
+    senders = []
+    for i, s in enumerate(program.steps):
+        if s.op == Op.SEND:
+            sends.setdefault(s.peer, []).append(i)
+        elif s.op in (Op.RECV, Op.RECV_SCRATCH) and s.peer not in senders:
+            senders.append(s.peer)
+    done = [Step(Op.SEND, peer, 0, 0, -1, done_tag, tuple(ids)) for peer, ids in sends.items()]
+    done += [Step(Op.RECV, peer, 0, 0, -1, done_tag) for peer in senders]
+    return RankProgram(program.rank, list(program.steps) + done, program.scratch_elems)
+
+
+def lower(program: RankProgram, done_tag: int) -> Lowered:
+    """The flat arrays of ``program`` and its done messages (see the module docstring)."""
+    program = with_done_messages(program, done_tag)
     rows = [(int(s.op), s.peer, s.offset, s.count, s.scratch, s.tag, len(s.deps), int(s.incoming_left))
             for s in program.steps]
     steps = np.array(rows, dtype=np.int64).reshape(len(rows), len(COLUMNS))

@@ -162,13 +162,14 @@ class Plan:
         else:
             self.kind = _executor.KIND_SCHEDULE
             self.schedule = build_schedule(self.algorithm, ctx.hosts, nelem, self.params)
-            if self.schedule.max_tag >= MAX_SCHEDULE_TAGS:
-                raise ValueError(f"mcallreduce: {self.schedule.max_tag + 1} messages per rank pair exceed "
+            done_tag = self.schedule.max_tag + 1
+            if done_tag >= MAX_SCHEDULE_TAGS:
+                raise ValueError(f"mcallreduce: {done_tag + 1} messages per rank pair exceed "
                                  f"{MAX_SCHEDULE_TAGS}; use a larger MCALLREDUCE_SEGMENT_BYTES")
             mine = self.schedule.programs[ctx.rank]
             if max((s.count for s in mine.steps), default=0) * dtype.itemsize > _MAX_MESSAGE_BYTES:
                 raise ValueError("mcallreduce: a message of over 2 GiB; set MCALLREDUCE_SEGMENT_BYTES")
-            low = lower(mine)
+            low = lower(mine, done_tag)
             self.program = _executor.Program(low.steps, low.dep_ptr, low.dependents, low.scratch_elems)
         self.meta: Optional[np.ndarray] = None
         self.check = _executor.CHECK_OFF

@@ -55,6 +55,12 @@ def test_a_stalled_call_is_reported_and_a_rank_that_leaves_makes_the_others_rais
 
 
 @pytest.mark.parametrize("np_", [2, 3])
+def test_a_rank_that_finished_and_left_mpi_does_not_hold_up_its_peers(np_):
+    result = mpi_script(np_, "peer_idles.py", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("np_", [2, 3])
 def test_background_progress_thread(np_):
     result = mpi_script(np_, "progress_thread.py", timeout=120)
     assert result.returncode == 0 and "THREAD ok" in result.stdout, result.stdout + result.stderr

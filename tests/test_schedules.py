@@ -5,7 +5,7 @@ import pytest
 from mcallreduce.algorithms import Params, build_multicolor, build_ring, build_schedule
 from mcallreduce.algorithms.trees import color_trees
 from mcallreduce.executor import DeadlockError, execute
-from mcallreduce.lowering import COLUMNS, lower
+from mcallreduce.lowering import COLUMNS, lower, with_done_messages
 from mcallreduce.schedule import Builder, Op, Schedule, RankProgram, Step, check_schedule
 
 DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64]
@@ -55,19 +55,37 @@ def test_every_algorithm_sums_every_length(p):
 
 
 @pytest.mark.parametrize("p", range(1, 18))
-def test_lowered_arrays_are_the_schedule(p):
-    # what the compiled executor runs is, row by row, the schedule the in-process executor plays
+def test_lowered_arrays_are_the_schedule_and_its_done_messages(p):
+    # what the compiled executor runs is, row by row, the schedule the in-process executor plays,
+    # then the done messages; with them the schedule still checks and sums
     for name, hosts, n, params in sweep(p):
-        for prog in build_schedule(name, hosts, n, params).programs:
-            low = lower(prog)
-            assert low.steps.dtype == np.int64 and low.steps.shape == (len(prog.steps), len(COLUMNS))
+        sched = build_schedule(name, hosts, n, params)
+        done_tag = sched.max_tag + 1
+        programs = [with_done_messages(prog, done_tag) for prog in sched.programs]
+        for prog, full in zip(sched.programs, programs):
+            assert full.steps[:len(prog.steps)] == prog.steps
+            extra = full.steps[len(prog.steps):]
+            sent_to = {s.peer for s in prog.steps if s.op == Op.SEND}
+            received_from = {s.peer for s in prog.steps if s.op in (Op.RECV, Op.RECV_SCRATCH)}
+            assert sorted(s.peer for s in extra if s.op == Op.SEND) == sorted(sent_to)
+            assert sorted(s.peer for s in extra if s.op == Op.RECV) == sorted(received_from)
+            for s in extra:
+                assert s.count == 0 and s.tag == done_tag
+                if s.op == Op.SEND:   # after every data send to that peer
+                    assert set(s.deps) == {i for i, t in enumerate(prog.steps) if t.op == Op.SEND and t.peer == s.peer}
+            low = lower(prog, done_tag)
+            assert low.steps.dtype == np.int64 and low.steps.shape == (len(full.steps), len(COLUMNS))
             assert low.scratch_elems == prog.scratch_elems
-            for i, (row, step) in enumerate(zip(low.steps.tolist(), prog.steps)):
+            for i, (row, step) in enumerate(zip(low.steps.tolist(), full.steps)):
                 assert row == [int(step.op), step.peer, step.offset, step.count, step.scratch, step.tag,
                                len(step.deps), int(step.incoming_left)], (name, params, hosts, n, i)
                 deps = low.dependents[low.dep_ptr[i]:low.dep_ptr[i + 1]].tolist()
-                assert deps == prog.dependents[i], (name, params, hosts, n, i)
-            assert low.dep_ptr[-1] == len(low.dependents) == sum(len(s.deps) for s in prog.steps)
+                assert deps == full.dependents[i], (name, params, hosts, n, i)
+            assert low.dep_ptr[-1] == len(low.dependents) == sum(len(s.deps) for s in full.steps)
+        augmented = Schedule(sched.algorithm, sched.nranks, sched.nelem, programs, sched.params)
+        assert check_schedule(augmented) is None
+        bufs, expected = reference_run(augmented, p, n, np.int64, seed=p)
+        assert all(np.array_equal(b, expected) for b in bufs), (name, params, hosts, n)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
