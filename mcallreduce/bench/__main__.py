@@ -2,6 +2,7 @@
 
     python -m mcallreduce.bench tune     # write the model-based tuning table (docs/data/tuning.json)
     python -m mcallreduce.bench report   # emulated-cluster sweep + model -> docs/benchmarks.md (root)
+    python -m mcallreduce.bench ddp      # DDP on gloo vs the multicolor hook / backend (docs/ddp.md)
 
     python -m mcallreduce.launch -np 2 -- python -m mcallreduce.bench --sizes 4K,1M,64M
 """
@@ -16,6 +17,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["report"]:
         from .report import main as report_main
         return report_main(argv[1:])
+    if argv[:1] == ["ddp"]:
+        from .ddp import main as ddp_main
+        return ddp_main(argv[1:])
     from .allreduce import main as allreduce_main
     return allreduce_main(argv)
 

@@ -1,6 +1,7 @@
 """PyTorch DDP over the multi-color allreduce: the comm hook and the mcallreduce backend against
 DDP on gloo, under mpirun at 2 and 3 ranks; failures reported on every rank; a torchrun-style
 launch without mpirun refused clearly. Each job's exit status is its result."""
+import json
 import os
 import socket
 import subprocess
@@ -51,3 +52,17 @@ def test_a_torchrun_launch_without_mpirun_is_refused_clearly():
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert all("every way in raised clearly" in out for out in outs)
+
+
+def test_the_ddp_benchmark_runs_every_arm_alternated_and_writes_its_table(tmp_path):
+    out = tmp_path / "ddp.json"
+    result = subprocess.run([sys.executable, "-m", "mcallreduce.bench", "ddp", "-np", "2", "--arms",
+                             "gloo,hook,backend", "--runs", "2", "--json", str(out), "--", "--image-size", "32",
+                             "--batch-size", "2", "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
+                             "--num-iters", "1", "--threads", "1"],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert [r["comm"] for r in doc["runs"]] == ["gloo", "hook", "backend", "backend", "hook", "gloo"]
+    assert all(r["ranks"] == 2 and r["total_img_sec"] > 0 for r in doc["runs"])
+    assert "| hook |" in doc["table"] and "vs gloo" in doc["table"]
