@@ -38,9 +38,9 @@ _IMPLEMENTED = "allreduce, broadcast, allgather and barrier"
 class _Work(dist.Work):
     """A collective of this group; ``wait()`` drives the engine when no progress thread does."""
 
-    def __init__(self, handle: Any, future: torch.futures.Future):
+    def __init__(self, handle: Any, future: torch.futures.Future, threaded: bool = True):
         super().__init__()
-        self._handle, self._future = handle, future
+        self._handle, self._future, self._threaded = handle, future, threaded
 
     def wait(self, timeout: Optional[datetime.timedelta] = None) -> bool:
         if self._handle is not None:
@@ -52,7 +52,7 @@ class _Work(dist.Work):
         return self._future.done()
 
     def get_future(self) -> torch.futures.Future:
-        if self._handle is not None and not self._handle._engine.threaded:
+        if self._handle is not None and not self._threaded:
             # without a progress thread nobody else would complete it (DDP waits on it in C++)
             try:
                 self._handle.wait()
@@ -96,6 +96,7 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
             progress_thread = config.progress_thread(max(len(host) for host in context.hosts))
         if progress_thread:
             runtime.start_progress_thread(self._comm)
+        self._threaded = context.engine.threaded
         self._in_flight: List[Any] = []
 
     def getBackendName(self) -> str:   # noqa: N802  (torch's name)
@@ -115,7 +116,7 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         work, finish = reducible(tensor)
         handle = self._allreduce_async(work, op=op, comm=self._comm)
         self._in_flight = [h for h in self._in_flight if not h.done] + [handle]
-        return _Work(handle, future_for(handle, [tensor], finish))
+        return _Work(handle, future_for(handle, [tensor], finish), self._threaded)
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         root = opts.rootRank if opts is not None else 0
