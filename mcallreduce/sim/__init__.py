@@ -1,4 +1,4 @@
-"""Cost model of allreduce schedules (issue 5, sections 2-3).
+"""Cost model of allreduce schedules.
 
 * :mod:`.model`     -- :class:`ClusterModel` (hosts, NICs, links, alpha/beta/gamma, CPU), presets
 * :mod:`.simulate`  -- discrete-event player of the runtime's :class:`~mcallreduce.schedule.Schedule`
