@@ -133,6 +133,12 @@ class ImageStore:
                    config.verify() if verify is None else verify, progress)
 
     def __init__(self, source: str, world, partition: str, verify: bool, progress: Optional[bool]):
+        if world.comm is None and world.layout.num_replicas > 1:
+            raise RuntimeError(
+                f"mcallreduce.data: an ImageStore of {world.layout.num_replicas} ranks needs MPI: a host's ranks "
+                "share one copy and split its loading over MPI, and without it every process would load "
+                "the whole set alone. Launch with mpirun or horovodrun (not torchrun), or open the store "
+                "with num_replicas=1, rank=0 and pass the world to InMemoryDistributedSampler")
         self.source, self.world, self.layout = source, world, world.layout
         index, error = None, None
         if self.layout.rank == 0:

@@ -3,7 +3,8 @@
 The data package works with or without MPI. Under mpirun it asks MPI which
 ranks share a node (``COMM_WORLD.Split_type(COMM_TYPE_SHARED)``); without MPI
 the caller states ``num_replicas``/``rank`` (and optionally ``ranks_per_host``),
-as with torch's DistributedSampler. MCALLREDUCE_RANKS_PER_HOST makes
+or, as torch's DistributedSampler does, they come from an initialised torch.distributed
+(torchrun; ``LOCAL_WORLD_SIZE`` ranks a host). MCALLREDUCE_RANKS_PER_HOST makes
 consecutive ranks emulate hosts, to exercise multi-host code on one machine.
 """
 from __future__ import annotations
@@ -124,6 +125,21 @@ class World:
         return MPI
 
 
+def _torch_world() -> Tuple[int, int]:
+    """(size, rank) without MPI: torch.distributed's when it is initialised (torchrun), as
+    DistributedSampler takes it; a plain ``python`` run is a world of one."""
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size(), dist.get_rank()
+    launched = int(os.environ.get("WORLD_SIZE") or 1)
+    if launched > 1:
+        raise RuntimeError(f"mcallreduce.data: WORLD_SIZE={launched} (a torchrun-style launch) but neither MPI nor "
+                           "torch.distributed is initialised; call torch.distributed.init_process_group() first, "
+                           "or pass num_replicas and rank")
+    return 1, 0
+
+
 def current(num_replicas: Optional[int] = None, rank: Optional[int] = None,
             ranks_per_host: Optional[int] = None) -> World:
     """The world this process is in: from MPI when it is used, else from the arguments."""
@@ -131,7 +147,8 @@ def current(num_replicas: Optional[int] = None, rank: Optional[int] = None,
     MPI = mpi() if num_replicas is None or rank is None else None
     if MPI is None:
         if num_replicas is None or rank is None:
-            num_replicas, rank = 1, 0
+            num_replicas, rank = _torch_world()
+            ranks_per_host = ranks_per_host or int(os.environ.get("LOCAL_WORLD_SIZE") or 0) or None
         return World(Layout.uniform(num_replicas, rank, ranks_per_host))
     comm = MPI.COMM_WORLD
     if ranks_per_host:

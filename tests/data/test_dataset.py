@@ -227,3 +227,33 @@ def test_memory_budget_uses_the_real_host_figures(monkeypatch):
         check_memory_budget(available * 2, "the image store", "Run on more hosts.")
     message = str(err.value)
     assert f"{available * 2:,} bytes" in message and "Run on more hosts." in message
+
+
+def test_a_store_of_several_ranks_without_mpi_says_it_needs_mpi(packed):
+    with pytest.raises(RuntimeError, match="needs MPI"):
+        ImageStore.open(packed[0], num_replicas=2, rank=1)
+
+
+def test_a_torchrun_launch_without_init_process_group_is_told_so(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        InMemoryDistributedSampler(range(10))
+
+
+def test_under_torchrun_the_sampler_takes_torch_distributeds_world():
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    script = Path(__file__).parent / "torchrun_sampler.py"
+    root = Path(__file__).parents[2]
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env={**os.environ, "PYTHONPATH": str(root), "RANK": str(r),
+                                              "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+             for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
