@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from .. import config
 from .futures import future_for, reducible
+from .world import require_mpi_ranks
 
 __all__ = ["ProcessGroupMulticolor", "BACKEND", "register"]
 
@@ -83,11 +84,8 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         from mpi4py import MPI
         from .. import runtime
         world = comm if comm is not None else MPI.COMM_WORLD
-        if (rank, size) != (world.Get_rank(), world.Get_size()):
-            hint = " (started without mpirun?)" if world.Get_size() == 1 and size > 1 else ""
-            raise RuntimeError(f"mcallreduce backend: torch asks for rank {rank} of {size} but the MPI "
-                               f"communicator has rank {world.Get_rank()} of {world.Get_size()}{hint}; the "
-                               "group is the MPI world, so a subset (new_group(ranks=...)) is not supported")
+        require_mpi_ranks(rank, size, world, "mcallreduce backend",
+                          "; the group is the MPI world, so a subset (new_group(ranks=...)) is not supported")
         self._comm = world.Dup()                       # its allreduces: an engine of its own
         self._side = world.Dup()                       # broadcast, allgather, barrier
         self._allreduce_async = runtime.allreduce_async
@@ -153,26 +151,27 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
                 pass
         self._in_flight = []
 
-    # ------------------------------------------------------------------ not implemented
-    def _missing(self, name: str):
-        raise NotImplementedError(f"mcallreduce backend: {name} is not implemented (it implements {_IMPLEMENTED}); "
-                                  "run it on a gloo group: dist.new_group(backend='gloo')")
 
-    def reduce(self, *args, **kwargs): self._missing("reduce")                          # noqa: E704
-    def gather(self, *args, **kwargs): self._missing("gather")                          # noqa: E704
-    def scatter(self, *args, **kwargs): self._missing("scatter")                        # noqa: E704
-    def reduce_scatter(self, *args, **kwargs): self._missing("reduce_scatter")          # noqa: E704
-    def _reduce_scatter_base(self, *args, **kwargs): self._missing("reduce_scatter_tensor")   # noqa: E704
-    def _allgather_base(self, *args, **kwargs): self._missing("all_gather_into_tensor")  # noqa: E704
-    def allgather_coalesced(self, *args, **kwargs): self._missing("allgather_coalesced")  # noqa: E704
-    def allgather_into_tensor_coalesced(self, *args, **kwargs): self._missing("allgather_into_tensor_coalesced")  # noqa
-    def allreduce_coalesced(self, *args, **kwargs): self._missing("allreduce_coalesced")  # noqa: E704
-    def alltoall(self, *args, **kwargs): self._missing("all_to_all")                    # noqa: E704
-    def alltoall_base(self, *args, **kwargs): self._missing("all_to_all_single")        # noqa: E704
-    def send(self, *args, **kwargs): self._missing("send")                              # noqa: E704
-    def recv(self, *args, **kwargs): self._missing("recv")                              # noqa: E704
-    def recv_anysource(self, *args, **kwargs): self._missing("recv_anysource")          # noqa: E704
-    def monitored_barrier(self, *args, **kwargs): self._missing("monitored_barrier")    # noqa: E704
+# Collectives this group refuses, by method name, with the name a user calls them by.
+_REFUSED = {
+    "reduce": "reduce", "gather": "gather", "scatter": "scatter", "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter_tensor", "_allgather_base": "all_gather_into_tensor",
+    "allgather_coalesced": "allgather_coalesced", "allgather_into_tensor_coalesced": "allgather_into_tensor_coalesced",
+    "allreduce_coalesced": "allreduce_coalesced", "alltoall": "all_to_all", "alltoall_base": "all_to_all_single",
+    "send": "send", "recv": "recv", "recv_anysource": "recv_anysource", "monitored_barrier": "monitored_barrier",
+}
+
+
+def _refusal(collective: str):
+    def refuse(self, *args, **kwargs):
+        raise NotImplementedError(f"mcallreduce backend: {collective} is not implemented (it implements "
+                                  f"{_IMPLEMENTED}); run it on a gloo group: dist.new_group(backend='gloo')")
+    refuse.__name__ = collective
+    return refuse
+
+
+for _method, _collective in _REFUSED.items():
+    setattr(ProcessGroupMulticolor, _method, _refusal(_collective))
 
 
 def _create(store, rank: int, world_size: int, timeout) -> ProcessGroupMulticolor:

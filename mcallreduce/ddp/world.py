@@ -16,7 +16,7 @@ from typing import List, Optional, Tuple
 
 import torch.distributed as dist
 
-__all__ = ["init_process_group", "store_from_mpi", "check_matches_mpi", "interface_addresses"]
+__all__ = ["init_process_group", "store_from_mpi", "check_matches_mpi", "require_mpi_ranks", "interface_addresses"]
 
 _SIOCGIFADDR = 0x8915   # Linux ioctl: an interface's IPv4 address
 
@@ -111,21 +111,25 @@ def init_process_group(backend: str = "gloo", comm=None, timeout: Optional[datet
 
 
 def check_matches_mpi(group=None, comm=None, what: str = "mcallreduce") -> None:
-    """Raise unless torch.distributed's ``group`` has the ranks of the MPI communicator, in order.
+    """Raise unless torch.distributed's ``group`` has the ranks of the MPI communicator, in order."""
+    if not dist.is_initialized():
+        raise RuntimeError(f"{what}: torch.distributed is not initialised; call "
+                           "mcallreduce.ddp.init_process_group() (under mpirun) first")
+    require_mpi_ranks(dist.get_rank(group), dist.get_world_size(group), comm, what)
+
+
+def require_mpi_ranks(torch_rank: int, torch_size: int, comm=None, what: str = "mcallreduce",
+                      advice: str = "") -> None:
+    """Raise unless torch's (rank, size) are the MPI communicator's (default COMM_WORLD).
 
     A torchrun launch without mpirun makes every process an MPI world of one: reducing over
     it would "average" each rank with itself and nobody would notice.
     """
     from mpi4py import MPI
     comm = comm or MPI.COMM_WORLD
-    if not dist.is_initialized():
-        raise RuntimeError(f"{what}: torch.distributed is not initialised; call "
-                           "mcallreduce.ddp.init_process_group() (under mpirun) first")
-    torch_rank, torch_size = dist.get_rank(group), dist.get_world_size(group)
     if (torch_rank, torch_size) != (comm.Get_rank(), comm.Get_size()):
         hint = (" (each process is an MPI world of one: was the job started without mpirun, e.g. by "
                 "torchrun? launch it with mpirun or horovodrun)" if comm.Get_size() == 1 and torch_size > 1 else "")
         raise RuntimeError(f"{what}: torch.distributed has rank {torch_rank} of {torch_size} but the MPI "
                            f"communicator has rank {comm.Get_rank()} of {comm.Get_size()}{hint}; the allreduce "
-                           "runs over MPI, so the two must be the same ranks in the same order")
-
+                           f"runs over MPI, so the two must be the same ranks in the same order{advice}")
