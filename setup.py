@@ -106,7 +106,7 @@ setup(
     extras_require={
         "torch": ["torch==2.13.0"],
         "horovod": ["horovod==0.28.1"],  # build it with scripts/build_horovod.sh (needs a C++17 patch)
-        "data": ["torch==2.13.0", "Pillow>=10", "simplejpeg>=1.7"],
+        "data": ["torch==2.13.0", "Pillow>=10", "simplejpeg>=1.7", "tqdm>=4.60"],
         "dev": ["pytest>=7", "matplotlib>=3.7", "scikit-image", "scikit-learn"],
         "plot": ["matplotlib>=3.7"],
     },

@@ -364,7 +364,7 @@ DATA_PREFIX = "MCALLREDUCE_DATA_"
 
 #: name -> (default, meaning); docs/data.md mirrors this table
 DATA_VARIABLES = {
-    "PROGRESS": ("auto", "progress bars on stderr: 1 always, 0 never, auto when stderr is a TTY"),
+    "PROGRESS": ("auto", "progress bars (tqdm) on stderr of rank 0: 1 or auto on, 0 off; a pipe redraws every 10 s"),
     "MEMORY_LIMIT": ("", "cap in bytes (suffixes K, M, G, T) on the memory the store may take on a host"),
     "MEMORY_FRACTION": ("0.9", "share of the host's available memory the store may take"),
     "VERIFY": ("1", "check each sample's CRC32 while loading a packed store (0 skips it)"),

@@ -23,6 +23,7 @@ _EXPORTS = {
     "InMemoryImageFolder": "dataset",
     "TrainTransform": "transforms", "EvalTransform": "transforms", "decode_image": "transforms",
     "ThreadedLoader": "loader",
+    "ImageFolder": "folder",
     "Layout": "world",
 }
 __all__ = sorted(_EXPORTS)

@@ -18,7 +18,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="stop at the first file that is not a decodable image (default: report and skip it)")
     p.add_argument("--check", choices=("decode", "header", "none"), default="decode",
                    help="how to check each image: decode (1/8-scale decode, catches truncation), header, none")
-    p.add_argument("--progress", action="store_true", default=None, help="show progress even when not a TTY")
+    p.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                   help="no progress bar (default: MCALLREDUCE_DATA_PROGRESS, on)")
     b = sub.add_parser("bench", help="compare the in-memory store with ImageFolder-style reading from disk")
     from .bench import add_arguments
     add_arguments(b)

@@ -84,32 +84,14 @@ class NoDecode:
         return torch.tensor(len(data))
 
 
-class FolderDataset:
-    """ImageFolder-style: one file read per sample (the baseline)."""
-
-    def __init__(self, root: str, transform):
-        from .format import scan_image_folder
-        index = scan_image_folder(root)
-        self.root, self.transform = index.root, transform
-        self.paths = np.array([os.path.join(index.root, p) for p in index.paths], dtype="S")
-        self.targets = index.labels
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int):
-        with open(self.paths[i], "rb") as f:
-            data = f.read()
-        return self.transform(data), int(self.targets[i])
-
-    def evict(self) -> None:
-        """Drop these files from the page cache (they are clean: written and synced)."""
-        for path in self.paths:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+def evict(folder) -> None:
+    """Drop an ImageFolder's files from the page cache (they are clean: written and synced)."""
+    for path, _ in folder.samples:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def time_epochs(dataset, args, epochs: int, before_epoch=None, first_epoch: int = 0) -> dict:
@@ -157,7 +139,7 @@ def source_paths(folder, memory, throttle, limits) -> dict:
             if throttle is not None:
                 throttle.set(limit)
             if evict:
-                folder.evict()
+                evict(folder)
         return before
     paths = {"folder_cold": (folder, hook(evict=True)), "folder_warm": (folder, hook()), "memory": (memory, hook())}
     for limit in limits:
@@ -384,10 +366,11 @@ def run(args) -> int:
     start = time.perf_counter()
     store = ImageStore.open(store_path, num_replicas=1, rank=0, progress=False)
     results["memory_load_s"] = time.perf_counter() - start
-    folder = FolderDataset(root, transform)
+    from .folder import ImageFolder
+    folder = ImageFolder(root, transform)
     time_epochs(folder, args, 1)   # warm-up (imports, thread pool, page cache)
     memory = InMemoryImageFolder(store, transform)
-    raw, raw_memory = FolderDataset(root, NoDecode()), InMemoryImageFolder(store, NoDecode())
+    raw, raw_memory = ImageFolder(root, NoDecode()), InMemoryImageFolder(store, NoDecode())
     with throttle or contextlib.nullcontext():
         results.update(round_robin(source_paths(folder, memory, throttle, limits), args, args.epochs))
         # The same sources without decoding: what the storage alone delivers.

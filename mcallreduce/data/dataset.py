@@ -7,7 +7,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from .store import ImageStore
-from .transforms import decode_image
+from .transforms import apply
 
 
 class InMemoryImageFolder(Dataset):
@@ -27,6 +27,13 @@ class InMemoryImageFolder(Dataset):
         self.transform, self.target_transform = transform, target_transform
         self.classes: List[str] = self.store.classes
         self.class_to_idx: Dict[str, int] = {name: i for i, name in enumerate(self.classes)}
+        self.epoch: Optional[int] = None     # unset: seeded transforms get no key
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch a seeded transform keys its randomness by; :class:`InMemoryDistributedSampler`
+        calls it from its own ``set_epoch``. DataLoader workers see it when they start, so use
+        ``persistent_workers=False`` (the default) with seeded transforms, or the ThreadedLoader."""
+        self.epoch = int(epoch)
 
     @property
     def targets(self) -> np.ndarray:
@@ -39,12 +46,7 @@ class InMemoryImageFolder(Dataset):
     def __getitem__(self, index: int):
         data = self.store.sample_bytes(index)
         try:
-            if getattr(self.transform, "takes_encoded", False):
-                image = self.transform(data)
-            else:
-                image = decode_image(data)
-                if self.transform is not None:
-                    image = self.transform(image)
+            image = apply(self.transform, data, None if self.epoch is None else (self.epoch, index))
         except Exception as exc:
             raise type(exc)(f"sample {index} ({self.store.sample_path(index)}): {exc}") from exc
         target = int(self.store.labels[index])

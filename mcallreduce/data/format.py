@@ -34,7 +34,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .progress import Progress
+from . import progress as progress_bar
 
 MAGIC = b"MCIMSTOR"
 VERSION = 1
@@ -172,7 +172,7 @@ def pack(src: str, dst: str, *, workers: Optional[int] = None, on_error: str = "
     crcs: List[int] = []
     skipped: List[Tuple[str, str]] = []
     try:
-        with os.fdopen(fd, "wb") as out, Progress(len(index), "packing", " img", show=progress) as bar:
+        with os.fdopen(fd, "wb") as out, progress_bar.bar(len(index), "packing", "img", show=progress) as bar:
             out.write(b"\0" * BLOB_START)
             # spawn, not fork: packing may be called from an MPI or threaded program.
             pool = multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else None

@@ -45,6 +45,7 @@ class InMemoryDistributedSampler(Sampler[int]):
             raise ValueError(f"exchange_fraction must be in [0, 1], got {exchange_fraction}")
         from .store import ImageStore
         self.store = dataset if isinstance(dataset, ImageStore) else getattr(dataset, "store", None)
+        self._dataset_epoch = getattr(dataset, "set_epoch", None)   # seeded transforms key on the epoch
         explicit = num_replicas is not None or rank is not None
         if self.store is not None and (self.store.world.comm is not None or not explicit):
             self.layout = self.store.layout
@@ -143,6 +144,11 @@ class InMemoryDistributedSampler(Sampler[int]):
         self._prepare()
 
     def _prepare(self) -> None:
+        if self._dataset_epoch is not None:
+            self._dataset_epoch(self.epoch)
+        self._exchange()
+
+    def _exchange(self) -> None:
         if self.needs_exchange and self.store.epoch_prepared != (id(self), self.epoch):
             from .exchange import exchange_epoch
             exchange_epoch(self.store, self.assignment(self.epoch))
@@ -175,3 +181,5 @@ class InMemoryDistributedSampler(Sampler[int]):
         self.epoch = int(state["epoch"])
         self._start = int(state["consumed"])
         self._yielded = self._start
+        if self._dataset_epoch is not None:
+            self._dataset_epoch(self.epoch)

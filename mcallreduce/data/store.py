@@ -25,7 +25,7 @@ from ..config import data as config
 from . import world as world_mod
 from .format import StoreFile, read_ranges, scan_image_folder
 from .partition import owner_of_samples
-from .progress import Progress
+from . import progress as progress_bar
 from .shm import SharedSegment
 
 
@@ -240,9 +240,8 @@ class ImageStore:
     def _load(self, pieces, index, progress) -> Optional[str]:
         offsets = index["offsets"]
         total = sum(int(offsets[b] - offsets[a]) for a, b in pieces)
-        label = f"loading store (host {self.layout.host}, local rank {self.layout.local_rank})"
-        show = progress if self.layout.local_rank == 0 else False
-        with Progress(total, label, "B", show=show) as bar:
+        show = progress if self.layout.rank == 0 else False     # one bar for the job, as Horovod's examples
+        with progress_bar.bar(total, f"loading store (host {self.layout.host})", "B", show=show) as bar:
             if index["kind"] == "packed":
                 ranges = [(int(offsets[a]), int(offsets[b] - offsets[a]), int(self.position[a])) for a, b in pieces]
                 read_ranges(self.source, index["blob_offset"], ranges, self.blob, on_bytes=bar.update)
@@ -290,6 +289,12 @@ class ImageStore:
         if k < len(self._cache_ids) and self._cache_ids[k] == i:
             p = self._cache_pos[k]
             return self._cache[p:p + size]
+        if self.epoch_prepared is None:
+            raise KeyError(f"sample {i} is not held on host {self.layout.host}: the store is split across hosts "
+                           f"(partition 'split'), and this sampler draws from the whole set (a stock "
+                           f"DistributedSampler does). Iterate with InMemoryDistributedSampler (shuffle=False "
+                           f"for validation: every sample once across the ranks), or open the store with "
+                           f"partition='full' (every host holds all of it)")
         raise KeyError(f"sample {i} is not held on host {self.layout.host} and was not exchanged for this epoch: "
                        f"call sampler.set_epoch(epoch) on every rank before iterating (with DataLoader workers "
                        f"and shuffle_mode 'global' or 'partial', use persistent_workers=False)")

@@ -14,6 +14,15 @@ scales with cores.
 
 Transforms with ``takes_encoded = True`` receive the encoded bytes from the
 Dataset; any other callable receives a decoded RGB PIL image, as with ImageFolder.
+A ``Compose``-style list (torchvision's or any object with ``.transforms``) whose
+first step takes encoded bytes keeps the reduced-scale decode (:func:`apply`).
+
+Randomness: with ``TrainTransform(seed=s)`` the crop and flip of a sample are a
+pure function of (s, epoch, sample index), which the datasets of this package
+pass in (``key``) once their epoch is set (InMemoryDistributedSampler sets it),
+so they do not depend on the number of workers or threads, and a resumed run
+draws what the uninterrupted one drew. Without a seed they come from Python's
+``random``, which DataLoader reseeds in every worker every epoch.
 Output: float32 normalised CHW tensors, or uint8 with ``normalize=False``, to be
 normalised a batch at a time by :class:`Normalize` (on the GPU, for instance).
 """
@@ -22,7 +31,7 @@ from __future__ import annotations
 import io
 import math
 import random
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -390,18 +399,38 @@ class TrainTransform:
         self.size, self.scale, self.ratio, self.flip = size, scale, ratio, flip
         self.decoder = decoder_name(decoder)
         self.resizer = resizer_name(resizer)
-        self.rng = random.Random(seed)
+        self.seed = None if seed is None else int(seed)
+        self._stream, self._stream_worker = None, None   # seeded, but called without a key
         self.to_tensor = _ToTensor(normalize, mean, std)
 
-    def __call__(self, data) -> torch.Tensor:
-        out = (self.size, self.size)
+    def rng(self, key: Optional[Tuple[int, int]] = None):
+        """The generator for one sample: keyed by (seed, epoch, index) when both are known.
+
+        Seeded but without a key, a stream of this process; in a DataLoader worker it
+        starts from the worker's seed, which differs per worker and per epoch.
+        """
+        if self.seed is None:
+            return random      # the module's generator, which DataLoader reseeds per worker and epoch
+        if key is not None:
+            epoch, index = key
+            return random.Random(f"{self.seed}:{epoch}:{index}")
+        info = torch.utils.data.get_worker_info()
+        worker = None if info is None else info.seed
+        if self._stream is None or worker != self._stream_worker:
+            self._stream = random.Random(self.seed if worker is None else f"{self.seed}:worker:{worker}")
+            self._stream_worker = worker
+        return self._stream
+
+    def __call__(self, data, key: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """``key`` = (epoch, sample index), passed by this package's datasets."""
+        out, rng = (self.size, self.size), self.rng(key)
         if isinstance(data, Image.Image):   # also usable on decoded images
-            box = random_resized_crop_box(data.width, data.height, self.scale, self.ratio, self.rng)
-            chw = crop_resize(data.convert("RGB"), box, out, self.rng.random() < self.flip, self.resizer)
+            box = random_resized_crop_box(data.width, data.height, self.scale, self.ratio, rng)
+            chw = crop_resize(data.convert("RGB"), box, out, rng.random() < self.flip, self.resizer)
         else:
             width, height = image_size(data, self.decoder)
-            box = random_resized_crop_box(width, height, self.scale, self.ratio, self.rng)
-            chw = decode_crop(data, box, out, self.decoder, (width, height), self.rng.random() < self.flip,
+            box = random_resized_crop_box(width, height, self.scale, self.ratio, rng)
+            chw = decode_crop(data, box, out, self.decoder, (width, height), rng.random() < self.flip,
                               self.resizer)
         return self.to_tensor(chw)
 
@@ -417,7 +446,7 @@ class EvalTransform:
         self.resizer = resizer_name(resizer)
         self.to_tensor = _ToTensor(normalize, mean, std)
 
-    def __call__(self, data) -> torch.Tensor:
+    def __call__(self, data, key: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         out = (self.size, self.size)
         if isinstance(data, Image.Image):
             box = centre_crop_box(data.width, data.height, self.resize, self.size)
@@ -427,3 +456,27 @@ class EvalTransform:
             box = centre_crop_box(width, height, self.resize, self.size)
             chw = decode_crop(data, box, out, self.decoder, (width, height), False, self.resizer)
         return self.to_tensor(chw)
+
+
+def _takes_key(transform) -> bool:
+    return isinstance(transform, (TrainTransform, EvalTransform)) or getattr(transform, "takes_key", False)
+
+
+def apply(transform: Optional[Callable], data, key: Optional[Tuple[int, int]]):
+    """Run ``transform`` on a sample's encoded bytes, as the datasets of this package do.
+
+    A transform that takes encoded bytes gets them (and ``key``, when it takes one);
+    a Compose-style ``.transforms`` list whose first step takes them runs that step
+    on the bytes and the rest on its result; anything else gets the decoded RGB image.
+    """
+    steps = getattr(transform, "transforms", None)
+    if not getattr(transform, "takes_encoded", False) and isinstance(steps, (list, tuple)) and steps \
+            and getattr(steps[0], "takes_encoded", False):
+        image = apply(steps[0], data, key)
+        for step in steps[1:]:
+            image = step(image)
+        return image
+    if getattr(transform, "takes_encoded", False):
+        return transform(data, key=key) if _takes_key(transform) else transform(data)
+    image = decode_image(data)
+    return image if transform is None else transform(image)

@@ -92,6 +92,23 @@ def exchange(path):
     report(**out)
 
 
+def validate(path):
+    """Validation on a store split across hosts: a stock DistributedSampler is refused with the way out,
+    InMemoryDistributedSampler(shuffle=False) visits every sample."""
+    from torch.utils.data import DistributedSampler
+    dataset = InMemoryImageFolder(ImageStore.open(path), lambda image: image.size)
+    error = None
+    try:
+        for i in DistributedSampler(dataset, num_replicas=comm.size, rank=comm.rank, shuffle=False):
+            dataset[i]
+    except KeyError as exc:
+        error = str(exc)
+    sampler = InMemoryDistributedSampler(dataset, shuffle=False)
+    order = list(sampler)
+    sizes = [dataset[i][0] for i in order]    # every index is readable on this rank
+    report(stock_error=error, order=order, n=len(dataset), read=len(sizes))
+
+
 if __name__ == "__main__":
     {"shared": shared, "raise": raise_after_load, "budget": budget, "corrupt": corrupt,
-     "exchange": exchange}[sys.argv[1]](sys.argv[2])
+     "exchange": exchange, "validate": validate}[sys.argv[1]](sys.argv[2])

@@ -11,8 +11,9 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from data_helpers import imagefolder_order
-from mcallreduce.data import (EvalTransform, ImageStore, InMemoryDistributedSampler, InMemoryImageFolder,
-                              StoreFile, ThreadedLoader, TrainTransform)
+from mcallreduce.data import (EvalTransform, ImageFolder, ImageStore, InMemoryDistributedSampler,
+                              InMemoryImageFolder, StoreFile, ThreadedLoader, TrainTransform)
+from mcallreduce.data import transforms as transforms_mod
 from mcallreduce.data.transforms import (Normalize, _cv2, _scale_for, _torch_resize_op, crop_resize, decode_crop,
                                         decode_region, image_size, random_resized_crop_box, resizer_name)
 
@@ -50,6 +51,69 @@ def test_loading_straight_from_a_folder(clean_tree):
         with Image.open(samples[i][0]) as expected:
             assert np.array_equal(np.asarray(image), np.asarray(expected.convert("RGB")))
         assert label == samples[i][1]
+
+
+def test_the_folder_dataset_reads_what_imagefolder_reads(clean_tree):
+    folder = ImageFolder(clean_tree)
+    memory = InMemoryImageFolder(clean_tree, num_replicas=1, rank=0)
+    classes, samples = imagefolder_order(clean_tree)
+    assert folder.classes == classes and folder.samples == samples and folder.targets == [y for _, y in samples]
+    for i in (0, len(samples) // 2, len(samples) - 1):
+        (a, la), (b, lb) = folder[i], memory[i]
+        assert la == lb == samples[i][1] and np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def _crops(dataset, loader: str, epoch: int):
+    sampler = InMemoryDistributedSampler(dataset, num_replicas=1, rank=0, shuffle=False)
+    sampler.set_epoch(epoch)
+    if loader == "threads":
+        batches = ThreadedLoader(dataset, batch_size=16, sampler=sampler, num_threads=3)
+    else:
+        batches = DataLoader(dataset, batch_size=16, sampler=sampler, num_workers=int(loader))
+    return torch.cat([x for x, _ in batches])
+
+
+def test_seeded_crops_depend_on_seed_epoch_and_index_only(store):
+    dataset = InMemoryImageFolder(store, TrainTransform(size=48, seed=9, normalize=False))
+    reference = _crops(dataset, "0", epoch=3)
+    assert torch.equal(_crops(dataset, "2", epoch=3), reference)        # any number of workers ...
+    assert torch.equal(_crops(dataset, "threads", epoch=3), reference)  # ... or threads
+    other_epoch = _crops(dataset, "2", epoch=4)
+    assert (other_epoch != reference).flatten(1).any(1).float().mean() > 0.9   # a new draw every epoch
+    other_seed = InMemoryImageFolder(store, TrainTransform(size=48, seed=10, normalize=False))
+    assert (_crops(other_seed, "0", epoch=3) != reference).flatten(1).any(1).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_dataloader_workers_draw_different_crops(store, seed):
+    """One sample 32 times, a batch to each of 2 workers, no sampler of ours (no epoch key):
+    the workers must not replay one generator copied into both, nor replay it the next epoch."""
+    dataset = InMemoryImageFolder(store, TrainTransform(size=48, seed=seed, normalize=False))
+    loader = DataLoader(dataset, batch_size=16, sampler=[7] * 32, num_workers=2)
+    first, second = [x for x, _ in loader]
+    assert (first != second).flatten(1).any(1).all()
+    again = torch.cat([x for x, _ in loader])
+    assert (again != torch.cat([first, second])).flatten(1).any(1).all()
+
+
+def test_a_compose_keeps_the_reduced_scale_decode(store, monkeypatch):
+    class Compose:     # torchvision.transforms.Compose's shape
+        def __init__(self, transforms):
+            self.transforms = transforms
+
+        def __call__(self, x):
+            for t in self.transforms:
+                x = t(x)
+            return x
+    train = TrainTransform(size=48, seed=2, normalize=False)
+    dataset = InMemoryImageFolder(store, Compose([train, lambda t: t.flip(0)]))
+    dataset.set_epoch(1)
+    want = train(store.sample_bytes(5), key=(1, 5)).flip(0)
+
+    def full_decode(data):
+        raise AssertionError("decoded in full")
+    monkeypatch.setattr(transforms_mod, "decode_image", full_decode)
+    assert torch.equal(dataset[5][0], want)
 
 
 def test_train_transform_decodes_at_reduced_scale_without_visible_loss(photo_tree):

@@ -90,3 +90,15 @@ def test_two_emulated_hosts_exchange_samples_for_global_and_partial_shuffles(pac
         assert sum(r[f"global{epoch}"]["foreign"] for r in rows) > n / 4    # about half came from the other host
         assert 0 < sum(r[f"partial{epoch}"]["foreign"] for r in rows) < sum(r[f"global{epoch}"]["foreign"] for r in rows)
     assert all(r["loader_shapes"] == [[3, 224, 224]] for r in rows)
+
+
+def test_validation_on_a_store_split_across_hosts_visits_every_sample(packed):
+    _, rows = mpi(4, "validate", packed[0], env={"MCALLREDUCE_RANKS_PER_HOST": "2"})
+    assert len(rows) == 4
+    n = rows[0]["n"]
+    for r in rows:     # a stock DistributedSampler hits samples of the other host: told what to use instead
+        assert r["stock_error"] and "InMemoryDistributedSampler" in r["stock_error"] and "set_epoch" not in r["stock_error"]
+        assert r["read"] == len(r["order"]) == -(-n // 4)          # DistributedSampler's length on every rank
+    visited = [i for r in rows for i in r["order"]]
+    assert set(visited) == set(range(n))                            # every sample once ...
+    assert len(visited) - n < 4                                      # ... plus at most the padding
