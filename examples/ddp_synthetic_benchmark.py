@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import mcallreduce.ddp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from resnet50 import resnet50  # noqa: E402
+from resnet import resnet50  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--comm", choices=["gloo", "hook", "backend"], default="gloo")

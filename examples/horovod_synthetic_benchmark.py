@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import horovod.torch as hvd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from resnet50 import resnet50  # noqa: E402
+from resnet import resnet50  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--model", default="resnet50", help="resnet50, or any torchvision.models name")

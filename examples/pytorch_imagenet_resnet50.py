@@ -1,0 +1,322 @@
+"""ImageNet training with Horovod, with the command line and behaviour of Horovod's
+examples/pytorch/pytorch_imagenet_resnet50.py (written for this project), plus ``--data``:
+
+- ``folder``: what a user has today: an ImageFolder read from disk (torchvision's when it
+  imports, else mcallreduce.data.ImageFolder), a stock DistributedSampler, DataLoader workers;
+- ``memory``: the training set held once in the cluster's RAM (mcallreduce.data): only the
+  dataset and sampler lines differ (docs/e2e.md shows the diff).
+
+The multi-color allreduce needs no change here: set ``MCALLREDUCE_ALGORITHM=multicolor``.
+
+    python -m mcallreduce.launch -np 4 -x MCALLREDUCE_ALGORITHM=multicolor -- \\
+        python examples/pytorch_imagenet_resnet50.py --data memory --train-dir T --val-dir V
+
+Each epoch, rank 0 prints and (with ``--log-dir``) writes metrics.json: loss, accuracy,
+img/s and every rank's time split into data wait, forward/backward, allreduce wait,
+optimizer step and metrics. Checkpoints as Horovod's (per epoch, resumed from the latest);
+with ``--data memory`` also within an epoch (``--checkpoint-steps``), resumed exactly.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+import torch.optim as optim
+from torch.utils.data import DataLoader, DistributedSampler
+import horovod.torch as hvd
+
+from mcallreduce.data import EvalTransform, ImageFolder, InMemoryDistributedSampler, InMemoryImageFolder
+from mcallreduce.data import ThreadedLoader, TrainTransform
+from mcallreduce.data.progress import bar as progress_bar   # tqdm; redraws every 10 s on a pipe
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from resnet import ARCHS, model as build_model  # noqa: E402
+
+try:   # torchvision's PyPI wheel raises a RuntimeError beside a CPU build of torch
+    from torchvision import datasets
+    ImageFolder = datasets.ImageFolder  # noqa: F811
+except Exception:
+    pass
+
+parser = argparse.ArgumentParser(description="PyTorch ImageNet Example",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+parser.add_argument("--train-dir", default=os.path.expanduser("~/imagenet/train"), help="path to training data")
+parser.add_argument("--val-dir", default=os.path.expanduser("~/imagenet/validation"), help="path to validation data")
+parser.add_argument("--log-dir", default=None, help="rank 0 writes metrics.json here")
+parser.add_argument("--checkpoint-format", default="./checkpoint-{epoch}.pth.tar", help="checkpoint file format")
+parser.add_argument("--fp16-allreduce", action="store_true", default=False, help="use fp16 compression during allreduce")
+parser.add_argument("--batches-per-allreduce", type=int, default=1,
+                    help="number of batches processed locally before executing allreduce across workers; "
+                         "it multiplies total batch size.")
+parser.add_argument("--use-adasum", action="store_true", default=False, help="use adasum algorithm to do reduction")
+parser.add_argument("--gradient-predivide-factor", type=float, default=1.0,
+                    help="apply gradient predivide factor in optimizer")
+# Default settings from https://arxiv.org/abs/1706.02677, as in Horovod's example.
+parser.add_argument("--batch-size", type=int, default=32, help="input batch size for training")
+parser.add_argument("--val-batch-size", type=int, default=32, help="input batch size for validation")
+parser.add_argument("--epochs", type=int, default=90, help="number of epochs to train")
+parser.add_argument("--base-lr", type=float, default=0.0125, help="learning rate for a single GPU")
+parser.add_argument("--warmup-epochs", type=float, default=5, help="number of warmup epochs")
+parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+parser.add_argument("--wd", type=float, default=0.00005, help="weight decay")
+parser.add_argument("--no-cuda", action="store_true", default=False, help="disables CUDA training")
+parser.add_argument("--seed", type=int, default=42, help="random seed")
+# Added here.
+parser.add_argument("--data", choices=("folder", "memory"), default="folder",
+                    help="folder: ImageFolder from disk + DistributedSampler; memory: mcallreduce.data")
+parser.add_argument("--shuffle", choices=("local", "partial", "global"), default="local",
+                    help="--data memory: the sampler's shuffle mode")
+parser.add_argument("--arch", choices=ARCHS, default="resnet50", help="model")
+parser.add_argument("--image-size", type=int, default=224, help="training crop; validation resizes to 8/7 of it")
+parser.add_argument("--workers", type=int, default=4, help="DataLoader workers (decode threads with --loader threaded)")
+parser.add_argument("--loader", choices=("dataloader", "threaded"), default="dataloader",
+                    help="DataLoader worker processes, or mcallreduce.data.ThreadedLoader's decode threads")
+parser.add_argument("--threads", type=int, default=4, help="torch intra-op threads per rank")
+parser.add_argument("--checkpoint-steps", type=int, default=0,
+                    help="--data memory: also checkpoint every N steps within an epoch (0: per epoch only)")
+parser.add_argument("--stop-after-steps", type=int, default=0,
+                    help="stop after N steps of this run, as a preempted job would (checkpoint first)")
+
+
+class Metric:
+    """A running mean over all ranks (Horovod's example averages every update with hvd.allreduce)."""
+
+    def __init__(self, name):
+        self.name, self.sum, self.n = name, torch.tensor(0.), torch.tensor(0.)
+
+    def update(self, value):
+        self.sum += hvd.allreduce(value.detach().cpu(), name=self.name)
+        self.n += 1
+
+    @property
+    def avg(self):
+        return self.sum / max(self.n, 1)
+
+
+class StepTimer:
+    """Seconds of this rank in each part of a training step."""
+    PARTS = ("data", "forward_backward", "allreduce", "optimizer", "metrics")
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(self.PARTS, 0.0)
+        self.last = time.perf_counter()
+
+    def lap(self, part):
+        now = time.perf_counter()
+        self.seconds[part] += now - self.last
+        self.last = now
+
+
+def accuracy(output, target):
+    return output.argmax(1).eq(target).float().mean()
+
+
+def adjust_learning_rate(epoch, batch_idx, steps_per_epoch):
+    """Linear warm-up from base_lr to base_lr * size, then /10 at epochs 30, 60 and 80 (Goyal et al.)."""
+    if epoch < args.warmup_epochs:
+        progress = epoch + float(batch_idx + 1) / steps_per_epoch
+        lr_adj = 1. / hvd.size() * (progress * (hvd.size() - 1) / args.warmup_epochs + 1)
+    else:
+        lr_adj = 10. ** -sum(epoch >= e for e in (30, 60, 80))
+    for group in optimizer.param_groups:
+        group["lr"] = args.base_lr * lr_scaler * lr_adj
+
+
+def checkpoint_path(epoch, partial=False):
+    return args.checkpoint_format.format(epoch=f"{epoch}-partial" if partial else epoch)
+
+
+def save_checkpoint(epoch, step=None):
+    """Rank 0 writes the state (atomically). ``step``: batches of epoch ``epoch`` done (a mid-epoch one)."""
+    if hvd.rank() != 0:
+        return
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+    path = checkpoint_path(epoch + 1)
+    if step is not None:
+        state.update(step=step, sampler=train_sampler.state_dict(consumed=step * allreduce_batch_size))
+        path = checkpoint_path(epoch + 1, partial=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    if step is None and os.path.exists(checkpoint_path(epoch + 1, partial=True)):
+        os.remove(checkpoint_path(epoch + 1, partial=True))    # the whole epoch supersedes it
+
+
+def find_resume_point():
+    """(epochs done, the partial checkpoint of the next epoch or None), decided by rank 0."""
+    done, partial = 0, None
+    if hvd.rank() == 0:
+        for epoch in range(args.epochs, 0, -1):
+            if os.path.exists(checkpoint_path(epoch)):
+                done = epoch
+                break
+        if os.path.exists(checkpoint_path(done + 1, partial=True)):
+            partial = checkpoint_path(done + 1, partial=True)
+    return hvd.broadcast_object((done, partial), root_rank=0, name="resume_point")
+
+
+def train(epoch, first_step=0):
+    """One epoch from batch ``first_step`` on; None when stopped within it (--stop-after-steps)."""
+    global steps_run, stop
+    model.train()
+    train_sampler.set_epoch(epoch)
+    train_loss, train_accuracy = Metric("train_loss"), Metric("train_accuracy")
+    timer, start, images = StepTimer(), time.perf_counter(), 0
+    steps = len(train_loader)      # the whole epoch's, also when resumed within it
+    with progress_bar(steps, f"Train Epoch     #{epoch + 1}", show=verbose, initial=first_step) as t:
+        for batch_idx, (data, target) in enumerate(train_loader, start=first_step):
+            timer.lap("data")
+            adjust_learning_rate(epoch, batch_idx, steps)
+            optimizer.zero_grad()
+            outputs = []
+            for i in range(0, len(data), args.batch_size):    # sub-batches, gradients averaged over them
+                output = model(data[i:i + args.batch_size])
+                loss = F.cross_entropy(output, target[i:i + args.batch_size])
+                outputs.append((output.detach(), loss.detach()))
+                loss.div_(math.ceil(float(len(data)) / args.batch_size))
+                loss.backward()
+            timer.lap("forward_backward")
+            optimizer.synchronize()
+            timer.lap("allreduce")
+            with optimizer.skip_synchronize():
+                optimizer.step()
+            timer.lap("optimizer")
+            for i, (output, loss) in zip(range(0, len(data), args.batch_size), outputs):
+                train_accuracy.update(accuracy(output, target[i:i + args.batch_size]))
+                train_loss.update(loss)
+            images += len(data)
+            t.set_postfix({"loss": train_loss.avg.item(), "accuracy": 100. * train_accuracy.avg.item()}, refresh=False)
+            t.update(1)
+            done = batch_idx + 1
+            if args.checkpoint_steps and args.data == "memory" and done % args.checkpoint_steps == 0 \
+                    and done < steps:
+                save_checkpoint(epoch, step=done)
+            timer.lap("metrics")
+            steps_run += 1
+            if args.stop_after_steps and steps_run >= args.stop_after_steps:
+                stop = True
+                if done < steps:
+                    if args.data == "memory":
+                        save_checkpoint(epoch, step=done)
+                    return None
+                break
+    seconds = time.perf_counter() - start
+    return {"train_loss": train_loss.avg.item(), "train_accuracy": train_accuracy.avg.item(),
+            "epoch_s": seconds, "images": int(hvd.allreduce(torch.tensor(images), op=hvd.Sum, name="images")),
+            "ranks": hvd.allgather_object(timer.seconds, name="step_split")}
+
+
+def validate(epoch):
+    model.eval()
+    val_loss, val_accuracy = Metric("val_loss"), Metric("val_accuracy")
+    with progress_bar(len(val_loader), f"Validate Epoch  #{epoch + 1}", show=verbose) as t:
+        with torch.no_grad():
+            for data, target in val_loader:
+                output = model(data)
+                val_loss.update(F.cross_entropy(output, target))
+                val_accuracy.update(accuracy(output, target))
+                t.set_postfix({"loss": val_loss.avg.item(), "accuracy": 100. * val_accuracy.avg.item()}, refresh=False)
+                t.update(1)
+    return {"val_loss": val_loss.avg.item(), "val_accuracy": val_accuracy.avg.item()}
+
+
+def log_epoch(record):
+    """Rank 0 prints the epoch and rewrites metrics.json (atomically) with every epoch so far."""
+    if not verbose:
+        return
+    record["images_per_s"] = record["images"] / record["epoch_s"]
+    history.append(record)
+    split = {part: sum(r[part] for r in record["ranks"]) / len(record["ranks"]) for part in StepTimer.PARTS}
+    total = sum(split.values())
+    print(f"epoch {record['epoch'] + 1}: train loss {record['train_loss']:.4f} acc {record['train_accuracy']:.4f}  "
+          f"val loss {record['val_loss']:.4f} acc {record['val_accuracy']:.4f}  {record['images_per_s']:.1f} img/s  "
+          + "  ".join(f"{part} {100 * s / total:.0f}%" for part, s in split.items()), flush=True)
+    if args.log_dir:
+        os.makedirs(args.log_dir, exist_ok=True)
+        path = os.path.join(args.log_dir, "metrics.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"args": vars(args), "size": hvd.size(), "epochs": history}, f, indent=1)
+        os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    args = parser.parse_args()
+    args.cuda = not args.no_cuda and torch.cuda.is_available()
+    allreduce_batch_size = args.batch_size * args.batches_per_allreduce
+
+    hvd.init()
+    torch.manual_seed(args.seed)
+    if args.cuda:
+        torch.cuda.set_device(hvd.local_rank())
+        torch.cuda.manual_seed(args.seed)
+    resume_from_epoch, partial = find_resume_point()
+    verbose = hvd.rank() == 0
+    history, steps_run, stop = [], 0, False
+    torch.set_num_threads(args.threads)
+
+    kwargs = {"num_workers": args.workers, "pin_memory": args.cuda}
+    # forkserver, not fork, for the workers: some InfiniBand stacks are not fork-safe (as Horovod's example).
+    if args.workers > 0 and "forkserver" in mp.get_all_start_methods():
+        kwargs["multiprocessing_context"] = "forkserver"
+    Loader = DataLoader
+    if args.loader == "threaded":
+        Loader, kwargs = ThreadedLoader, {"num_threads": max(1, args.workers)}
+    train_transform = TrainTransform(args.image_size, seed=args.seed)
+    val_transform = EvalTransform(args.image_size, resize=round(args.image_size * 8 / 7))
+
+    if args.data == "folder":
+        train_dataset = ImageFolder(args.train_dir, transform=train_transform)
+        train_sampler = DistributedSampler(train_dataset, num_replicas=hvd.size(), rank=hvd.rank(), seed=args.seed)
+        val_dataset = ImageFolder(args.val_dir, transform=val_transform)
+        val_sampler = DistributedSampler(val_dataset, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False)
+    else:
+        train_dataset = InMemoryImageFolder(args.train_dir, transform=train_transform)
+        train_sampler = InMemoryDistributedSampler(train_dataset, shuffle_mode=args.shuffle, seed=args.seed)
+        val_dataset = InMemoryImageFolder(args.val_dir, transform=val_transform)
+        val_sampler = InMemoryDistributedSampler(val_dataset, shuffle=False)
+    train_loader = Loader(train_dataset, batch_size=allreduce_batch_size, sampler=train_sampler, **kwargs)
+    val_loader = Loader(val_dataset, batch_size=args.val_batch_size, sampler=val_sampler, **kwargs)
+
+    model = build_model(args.arch, num_classes=len(train_dataset.classes))
+    # Adasum needs no scaling of the learning rate; sum and average scale it by the number of batches.
+    lr_scaler = args.batches_per_allreduce * hvd.size() if not args.use_adasum else 1
+    if args.cuda:
+        model.cuda()
+        if args.use_adasum and hvd.nccl_built():
+            lr_scaler = args.batches_per_allreduce * hvd.local_size()
+    optimizer = optim.SGD(model.parameters(), lr=args.base_lr * lr_scaler, momentum=args.momentum,
+                          weight_decay=args.wd)
+    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    optimizer = hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), compression=compression,
+        backward_passes_per_step=args.batches_per_allreduce, op=hvd.Adasum if args.use_adasum else hvd.Average,
+        gradient_predivide_factor=args.gradient_predivide_factor)
+
+    first_step = 0
+    if hvd.rank() == 0 and (resume_from_epoch > 0 or partial):
+        checkpoint = torch.load(partial or checkpoint_path(resume_from_epoch))
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    if partial:   # every rank resumes the sampler where rank 0's checkpoint left it
+        sampler_state, first_step = hvd.broadcast_object(
+            (checkpoint["sampler"], checkpoint["step"]) if hvd.rank() == 0 else None, root_rank=0, name="sampler")
+        train_sampler.load_state_dict(sampler_state)
+    # Optimizer state first: a rank without the checkpoint's state takes a zero-gradient step to create
+    # it, which with weight decay moves its parameters; the parameters' broadcast then undoes that.
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    for epoch in range(resume_from_epoch, args.epochs):
+        record = train(epoch, first_step if epoch == resume_from_epoch else 0)
+        if record is None:    # stopped on purpose
+            break
+        record.update(validate(epoch), epoch=epoch)
+        save_checkpoint(epoch)
+        log_epoch(record)
+        if stop:
+            break

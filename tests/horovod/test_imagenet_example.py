@@ -1,0 +1,65 @@
+"""examples/pytorch_imagenet_resnet50.py under mpirun: both --data modes, stock vs plugin, mid-epoch resume."""
+import json
+
+import pytest
+import torch
+
+from hvd_helpers import OFF, REPO, explain, mpi_job, needs_horovod
+from mcallreduce.data.photos import make_photo_folder
+
+pytestmark = needs_horovod
+
+EXAMPLE = REPO / "examples" / "pytorch_imagenet_resnet50.py"
+PLUGIN = {"MCALLREDUCE_ALGORITHM": "multicolor", "MCALLREDUCE_PROGRESS_THREAD": "1"}
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imagenet-like")
+    make_photo_folder(str(root / "train"), per_class=6, long_side=(48, 128), seed=1)    # 60 images
+    make_photo_folder(str(root / "val"), per_class=2, long_side=(48, 128), seed=2)      # 20 images
+    return root
+
+
+def train(tree, out, *args, env=None):
+    """Run the example at 2 ranks (a small CNN on 32 px crops); its metrics.json."""
+    result = mpi_job(2, EXAMPLE, "--train-dir", tree / "train", "--val-dir", tree / "val", "--arch", "small_cnn",
+                     "--image-size", 32, "--batch-size", 8, "--threads", 1, "--log-dir", out,
+                     "--checkpoint-format", f"{out}/checkpoint-{{epoch}}.pt", *args,
+                     env={"MCALLREDUCE_DATA_PROGRESS": "0", **(env or OFF)}, timeout=300)
+    assert result.returncode == 0, explain(result)
+    path = out / "metrics.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+@pytest.mark.parametrize("data,workers", [("folder", 0), ("memory", 2)])
+def test_both_data_modes_train_and_validate(tree, tmp_path, data, workers):
+    metrics = train(tree, tmp_path, "--data", data, "--epochs", 1, "--workers", workers)
+    (epoch,) = metrics["epochs"]
+    assert metrics["size"] == 2 and epoch["images"] == 60          # 60 images, 30 a rank
+    assert 0 <= epoch["val_accuracy"] <= 1 and epoch["train_loss"] > 0 and epoch["images_per_s"] > 0
+    assert len(epoch["ranks"]) == 2
+    for rank in epoch["ranks"]:
+        assert set(rank) == {"data", "forward_backward", "allreduce", "optimizer", "metrics"}
+        assert rank["forward_backward"] > 0 and all(v >= 0 for v in rank.values())
+
+
+def test_same_seed_stock_and_plugin_agree_and_a_mid_epoch_resume_is_exact(tree, tmp_path):
+    args = ("--data", "memory", "--epochs", 2, "--workers", 0)
+    stock = train(tree, tmp_path / "stock", *args)
+    plugin = train(tree, tmp_path / "plugin", *args, env=PLUGIN)
+    for a, b in zip(stock["epochs"], plugin["epochs"]):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+    # Stopped after 6 steps (epoch 2 of 4 steps, 2 done), with the plugin, then resumed.
+    resumed = tmp_path / "resumed"
+    assert train(tree, resumed, *args, "--checkpoint-steps", 1, "--stop-after-steps", 6, env=PLUGIN)
+    assert (resumed / "checkpoint-2-partial.pt").exists() and not (resumed / "checkpoint-2.pt").exists()
+    train(tree, resumed, *args, "--checkpoint-steps", 1, env=PLUGIN)
+    assert not (resumed / "checkpoint-2-partial.pt").exists()        # superseded by the whole epoch
+    want = torch.load(tmp_path / "plugin" / "checkpoint-2.pt")
+    got = torch.load(resumed / "checkpoint-2.pt")
+    for name, tensor in want["model"].items():
+        assert torch.equal(got["model"][name], tensor), name
+    for key, state in want["optimizer"]["state"].items():
+        assert torch.equal(got["optimizer"]["state"][key]["momentum_buffer"], state["momentum_buffer"])
