@@ -1,7 +1,8 @@
-"""A small ImageFolder of real photographs, for tests, benchmarks and examples.
+"""Small ImageFolders of real images, for tests, benchmarks and examples.
 
 No download: the photographs ship inside scikit-image (skimage/data) and
-scikit-learn (sklearn/datasets/images). Each class is one photograph; its
+scikit-learn (sklearn/datasets/images), and so do scikit-learn's 1,797
+handwritten digits (:func:`make_digits_folder`, labelled: for accuracy runs). Each class is one photograph; its
 samples are random crops of it, rescaled to random sizes and saved as JPEG at
 random qualities (some greyscale, some progressive, a few PNG), so sizes,
 subsampling and colour modes vary as in ImageNet.
@@ -40,8 +41,9 @@ def photo_paths() -> List[Tuple[str, str]]:
 
 def make_photo_folder(root: str, per_class: int = 30, long_side: Tuple[int, int] = (96, 480),
                       classes: Optional[int] = None, png_every: int = 0, seed: int = 0,
-                      quality: Tuple[int, int] = (75, 95)) -> List[str]:
-    """Write ``root/CLASS/NNNN.jpg`` (crops of each photograph); return the paths written."""
+                      quality: Tuple[int, int] = (75, 95), subsampling: Optional[int] = None) -> List[str]:
+    """Write ``root/CLASS/NNNN.jpg`` (crops of each photograph); return the paths written.
+    ``subsampling``: Pillow's JPEG chroma subsampling (0 is 4:4:4); None leaves Pillow's default."""
     rng = random.Random(seed)
     written = []
     for name, path in photo_paths()[:classes]:
@@ -65,9 +67,52 @@ def make_photo_folder(root: str, per_class: int = 30, long_side: Tuple[int, int]
                 crop.save(out)
             else:
                 out = os.path.join(class_dir, f"{k:04d}.jpg")
-                crop.save(out, quality=rng.randint(*quality), progressive=rng.random() < 0.2)
+                options = {} if subsampling is None else {"subsampling": subsampling}
+                crop.save(out, quality=rng.randint(*quality), progressive=rng.random() < 0.2, **options)
             written.append(out)
     return written
+
+
+# ImageNet-1k's training JPEGs: about 110 KB on average, most sides 333-500 px (docs/data.md). The
+# bundled photographs are smoother than ImageNet's, so near-lossless 4:4:4 JPEG brings them to that size.
+IMAGENET_LIKE = {"long_side": (350, 500), "quality": (98, 100), "subsampling": 0}
+
+
+def make_imagenet_like(root: str, train_per_class: int = 100, val_per_class: int = 20,
+                       classes: Optional[int] = None, seed: int = 0) -> dict:
+    """``root/train`` and ``root/val`` ImageFolder trees of ImageNet-sized JPEGs; a summary of what was written."""
+    summary = {}
+    for split, per_class, split_seed in (("train", train_per_class, seed), ("val", val_per_class, seed + 1)):
+        paths = make_photo_folder(os.path.join(root, split), per_class=per_class, classes=classes,
+                                  seed=split_seed, **IMAGENET_LIKE)
+        sizes = [os.path.getsize(p) for p in paths]
+        summary[split] = {"images": len(paths), "mean_bytes": sum(sizes) / max(1, len(sizes))}
+    return summary
+
+
+def make_digits_folder(root: str, size: int = 32, val_fraction: float = 0.2, seed: int = 0) -> dict:
+    """scikit-learn's digits (8x8, 17 grey levels) as ``size``-px greyscale JPEGs in ``root/train`` and
+    ``root/val``, split per class with ``val_fraction`` held out; the number of images of each split."""
+    import numpy as np
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as exc:
+        raise ImportError("the digits come from scikit-learn: pip install -r scripts/requirements-data.txt") from exc
+    digits = load_digits()
+    rng = np.random.default_rng(seed)
+    counts = {"train": 0, "val": 0}
+    for label in range(10):
+        ids = rng.permutation(np.nonzero(digits.target == label)[0])
+        held = int(round(val_fraction * len(ids)))
+        for split, chosen in (("val", ids[:held]), ("train", ids[held:])):
+            class_dir = os.path.join(root, split, str(label))
+            os.makedirs(class_dir, exist_ok=True)
+            for i in chosen:
+                pixels = (digits.images[i] * (255 / 16)).round().astype(np.uint8)
+                image = Image.fromarray(pixels, "L").resize((size, size), Image.BICUBIC)
+                image.save(os.path.join(class_dir, f"{i:04d}.jpg"), quality=95)
+                counts[split] += 1
+    return counts
 
 
 def add_bad_files(root: str) -> List[str]:
