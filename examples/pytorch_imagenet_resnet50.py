@@ -63,6 +63,7 @@ parser.add_argument("--epochs", type=int, default=90, help="number of epochs to 
 parser.add_argument("--base-lr", type=float, default=0.0125, help="learning rate for a single GPU")
 parser.add_argument("--warmup-epochs", type=float, default=5, help="number of warmup epochs")
 parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+parser.add_argument("--lr-decay-epochs", default="30,60,80", help="after warm-up, the learning rate is /10 at each")
 parser.add_argument("--wd", type=float, default=0.00005, help="weight decay")
 parser.add_argument("--no-cuda", action="store_true", default=False, help="disables CUDA training")
 parser.add_argument("--seed", type=int, default=42, help="random seed")
@@ -73,6 +74,8 @@ parser.add_argument("--shuffle", choices=("local", "partial", "global"), default
                     help="--data memory: the sampler's shuffle mode")
 parser.add_argument("--arch", choices=ARCHS, default="resnet50", help="model")
 parser.add_argument("--image-size", type=int, default=224, help="training crop; validation resizes to 8/7 of it")
+parser.add_argument("--crop-scale", type=float, default=0.08, help="smallest share of the image a random crop keeps")
+parser.add_argument("--flip", type=float, default=0.5, help="probability of a horizontal flip (0 for digits)")
 parser.add_argument("--workers", type=int, default=4, help="DataLoader workers (decode threads with --loader threaded)")
 parser.add_argument("--loader", choices=("dataloader", "threaded"), default="dataloader",
                     help="DataLoader worker processes, or mcallreduce.data.ThreadedLoader's decode threads")
@@ -117,12 +120,12 @@ def accuracy(output, target):
 
 
 def adjust_learning_rate(epoch, batch_idx, steps_per_epoch):
-    """Linear warm-up from base_lr to base_lr * size, then /10 at epochs 30, 60 and 80 (Goyal et al.)."""
+    """Linear warm-up from base_lr to base_lr * size, then /10 at each of --lr-decay-epochs (Goyal et al.)."""
     if epoch < args.warmup_epochs:
         progress = epoch + float(batch_idx + 1) / steps_per_epoch
         lr_adj = 1. / hvd.size() * (progress * (hvd.size() - 1) / args.warmup_epochs + 1)
     else:
-        lr_adj = 10. ** -sum(epoch >= e for e in (30, 60, 80))
+        lr_adj = 10. ** -sum(epoch >= int(e) for e in args.lr_decay_epochs.split(","))
     for group in optimizer.param_groups:
         group["lr"] = args.base_lr * lr_scaler * lr_adj
 
@@ -266,7 +269,7 @@ if __name__ == "__main__":
     Loader = DataLoader
     if args.loader == "threaded":
         Loader, kwargs = ThreadedLoader, {"num_threads": max(1, args.workers)}
-    train_transform = TrainTransform(args.image_size, seed=args.seed)
+    train_transform = TrainTransform(args.image_size, scale=(args.crop_scale, 1.0), flip=args.flip, seed=args.seed)
     val_transform = EvalTransform(args.image_size, resize=round(args.image_size * 8 / 7))
 
     if args.data == "folder":

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from hvd_helpers import OFF, REPO, explain, mpi_job, needs_horovod
+from mcallreduce.bench import accuracy, e2e
 from mcallreduce.data.photos import make_photo_folder
 
 pytestmark = needs_horovod
@@ -42,6 +43,9 @@ def test_both_data_modes_train_and_validate(tree, tmp_path, data, workers):
     for rank in epoch["ranks"]:
         assert set(rank) == {"data", "forward_backward", "allreduce", "optimizer", "metrics"}
         assert rank["forward_backward"] > 0 and all(v >= 0 for v in rank.values())
+    row = e2e.summarise(data, metrics, 1)              # what the ablation bench reports of it
+    assert sum(row["shares"].values()) == pytest.approx(1.0) and row["images_per_s"] == epoch["images_per_s"]
+    assert f"| {data} | " in e2e.table([row])
 
 
 def test_same_seed_stock_and_plugin_agree_and_a_mid_epoch_resume_is_exact(tree, tmp_path):
@@ -63,3 +67,19 @@ def test_same_seed_stock_and_plugin_agree_and_a_mid_epoch_resume_is_exact(tree, 
         assert torch.equal(got["model"][name], tensor), name
     for key, state in want["optimizer"]["state"].items():
         assert torch.equal(got["optimizer"]["state"][key]["momentum_buffer"], state["momentum_buffer"])
+
+
+def test_the_accuracy_bench_reports_every_arm(tmp_path, capsys):
+    out, png = tmp_path / "accuracy.json", tmp_path / "accuracy.png"
+    assert accuracy.main(["--tree", str(tmp_path / "digits"), "--np", "2", "--seeds", "0",
+                          "--data", "folder,memory-global", "--json", str(out), "--plot", str(png), "--",
+                          "--arch", "small_cnn", "--image-size", "16", "--epochs", "1", "--batch-size", "64",
+                          "--workers", "0", "--threads", "1"]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert {(r["data"], r["horovod"]) for r in runs} == {(d, h) for d in ("folder", "memory-global")
+                                                         for h in ("stock", "plugin")}
+    for r in runs:
+        assert len(r["train_loss"]) == 1 and 0 <= r["val_accuracy"][0] <= 1
+    table = capsys.readouterr().out
+    assert "| memory-global | plugin |" in table and "+-" in table
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

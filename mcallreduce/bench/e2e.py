@@ -1,0 +1,183 @@
+"""``python -m mcallreduce.bench e2e``: the paper's ablation, end to end, on the emulated cluster.
+
+Runs examples/pytorch_imagenet_resnet50.py (bench/example.py) once per arm per round, the arms alternated
+within each round, on the emulated cluster (``cluster up`` first), and prints each arm's
+img/s, epoch time and the share of each part of a step (data wait, forward/backward,
+allreduce wait, optimizer, metrics), measured by the script on every rank:
+
+- ``stock``: ``--data folder`` (ImageFolder from disk, DistributedSampler), stock Horovod;
+- ``memory``: ``--data memory`` (the in-memory store and its sampler), stock Horovod;
+- ``multicolor``: ``memory`` + ``MCALLREDUCE_ALGORITHM=multicolor``, no progress thread;
+- ``thread``: ``multicolor`` with the progress thread on.
+
+With ``--read-limit``, the tree is copied onto a loop disk of its own, read through the
+kernel's block throttle (data/throttle.py) at that many bytes/s per host (the whole job
+gets hosts x that), and its pages are dropped from the page cache every ``--evict-every``
+seconds, so every epoch of ``stock`` reads from storage, as on a cluster whose data set
+exceeds its RAM. The memory arms open the tree packed once (``TREE.train.mcstore``,
+``TREE.val.mcstore``, on the system disk): their one-time load is not what is measured.
+
+    python -m mcallreduce.bench.cluster up --hosts 4 --rate 200mbit
+    python -m mcallreduce.bench e2e --tree /var/tmp/imagenet-like --read-limit 2M --runs 2 \\
+        --json docs/data/e2e-4h200m.json --plot docs/img/e2e-4h200m.png -- --arch resnet18 --image-size 64
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+import threading
+from typing import Dict, List, Optional, Sequence
+
+from ..config import parse_size
+from . import example, plotting
+from .allreduce import write_json
+
+STOCK = {"MCALLREDUCE_HOROVOD": "0"}
+MULTICOLOR = {"MCALLREDUCE_ALGORITHM": "multicolor"}
+ARMS = {   # name: (--data, environment)
+    "stock": ("folder", STOCK),
+    "memory": ("memory", STOCK),
+    "multicolor": ("memory", {**MULTICOLOR, "MCALLREDUCE_PROGRESS_THREAD": "0"}),
+    "thread": ("memory", {**MULTICOLOR, "MCALLREDUCE_PROGRESS_THREAD": "1"}),
+}
+PARTS = ("data", "forward_backward", "allreduce", "optimizer", "metrics")
+
+
+class Evictor(threading.Thread):
+    """Drops the tree's files from the page cache every ``interval`` seconds (they are clean)."""
+
+    def __init__(self, roots: Sequence[str], interval: float):
+        super().__init__(daemon=True, name="mcallreduce-evict")
+        self.paths = [os.path.join(d, f) for root in roots for d, _, files in os.walk(root) for f in files]
+        self.interval, self.stopped = interval, threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            for path in self.paths:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
+
+def summarise(arm: str, metrics: dict, round_: int) -> dict:
+    """The last epoch of a run (the first one carries start-up): img/s, epoch seconds, step shares."""
+    epoch = metrics["epochs"][-1]
+    ranks = epoch["ranks"]
+    shares = {part: statistics.mean(r[part] / sum(r.values()) for r in ranks) for part in PARTS}
+    return {"arm": arm, "round": round_, "epoch": epoch["epoch"] + 1, "images": epoch["images"],
+            "epoch_s": epoch["epoch_s"], "images_per_s": epoch["images_per_s"], "shares": shares,
+            "val_accuracy": epoch["val_accuracy"], "ranks": ranks}
+
+
+def table(rows: List[dict]) -> str:
+    by_arm: Dict[str, List[dict]] = {}
+    for row in rows:
+        by_arm.setdefault(row["arm"], []).append(row)
+    mean = {arm: statistics.mean(r["images_per_s"] for r in runs) for arm, runs in by_arm.items()}
+    lines = ["| arm | img/s per run | img/s mean | epoch s | vs stock | vs memory | "
+             + " | ".join(PARTS) + " |", "|---|---|---:|---:|---:|---:|" + "---:|" * len(PARTS)]
+    for arm, runs in by_arm.items():
+        ratio = {base: f"{mean[arm] / mean[base]:.2f}x" if base in mean else "-" for base in ("stock", "memory")}
+        shares = [statistics.mean(r["shares"][p] for r in runs) for p in PARTS]
+        lines.append(f"| {arm} | " + ", ".join(f"{r['images_per_s']:.2f}" for r in runs)
+                     + f" | {mean[arm]:.2f} | {statistics.mean(r['epoch_s'] for r in runs):.1f} | "
+                     f"{ratio['stock']} | {ratio['memory']} | " + " | ".join(f"{100 * s:.0f}%" for s in shares) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: List[dict], path: str) -> None:
+    """Per arm: mean seconds per step of each part (stacked), img/s on top."""
+    plt = plotting.pyplot()
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(arms)
+    for part in PARTS:
+        # a rank's seconds in the part, averaged over ranks and runs, as a fraction of the epoch
+        heights = [statistics.mean(statistics.mean(rank[part] for rank in r["ranks"]) for r in rows if r["arm"] == a)
+                   for a in arms]
+        ax.bar(arms, heights, bottom=bottom, label=part.replace("_", "/"))
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    for i, arm in enumerate(arms):
+        ips = statistics.mean(r["images_per_s"] for r in rows if r["arm"] == arm)
+        ax.text(i, bottom[i], f"{ips:.1f} img/s", ha="center", va="bottom")
+    ax.set_ylabel("seconds per epoch and rank")
+    ax.set_title("Where a training step's time goes (last epoch of each run)")
+    ax.legend(fontsize=8)
+    plotting.save(fig, path)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mcallreduce.bench e2e", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tree", required=True, help="holds train/ and val/ (made by make-imagenet-like if absent)")
+    parser.add_argument("--train-per-class", type=int, default=64, help="when the tree is made here")
+    parser.add_argument("--val-per-class", type=int, default=4, help="when the tree is made here")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--runs", type=int, default=2, help="rounds; each runs every arm once, alternated")
+    parser.add_argument("--read-limit", default="0", help="disk reads per host, bytes/s (suffixes K, M); 0: none")
+    parser.add_argument("--evict-every", type=float, default=1.0, help="seconds between page-cache drops of the tree")
+    parser.add_argument("--epochs", type=int, default=2, help="per run; the last one is reported")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    parser.add_argument("--json", help="write the runs and the table here")
+    parser.add_argument("--plot", help="write a PNG of the step split here")
+    parser.add_argument("example_args", nargs=argparse.REMAINDER, help="-- then the example's arguments")
+    ns = parser.parse_args(argv)
+    ns.example_args = [a for a in ns.example_args if a != "--"]
+    arms = [a for a in ns.arms.split(",") if a]
+    if set(arms) - set(ARMS):
+        parser.error(f"unknown arms {sorted(set(arms) - set(ARMS))}; choose from {', '.join(ARMS)}")
+    from ..data.format import pack
+    from ..data.photos import make_imagenet_like
+    from ..data.throttle import LoopDisk, ReadLimit, ReadThrottle
+    from .cluster import Cluster
+    tree = os.path.abspath(ns.tree)
+    if not os.path.isdir(os.path.join(tree, "train")):
+        print(make_imagenet_like(tree, ns.train_per_class, ns.val_per_class), flush=True)
+    stores = {split: f"{tree}.{split}.mcstore" for split in ("train", "val")}    # beside the tree, not on its disk
+    for split, store in stores.items():
+        if not os.path.exists(store):
+            pack(os.path.join(tree, split), store, progress=False)
+    cluster = Cluster()
+    config = cluster.config()
+    if config is None:
+        parser.error("no emulated cluster is up: python -m mcallreduce.bench.cluster up --hosts 4 --rate 200mbit")
+    per_host = parse_size(ns.read_limit, "--read-limit")
+    rows: List[dict] = []
+    with contextlib.ExitStack() as stack:
+        if per_host:     # the tree on a disk of its own, so the limit touches its reads only
+            disk_tree = stack.enter_context(LoopDisk(tree))
+            stack.enter_context(ReadThrottle(disk_tree)).set(ReadLimit(bps=per_host * config.hosts))
+        else:
+            disk_tree = tree
+        folders = {split: os.path.join(disk_tree, split) for split in ("train", "val")}
+        evictor = Evictor(list(folders.values()), ns.evict_every)
+        evictor.start()
+        stack.callback(evictor.stopped.set)
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        for round_ in range(ns.runs):
+            for arm in (arms if round_ % 2 == 0 else arms[::-1]):    # neither arm always first
+                data, env = ARMS[arm]
+                dirs = folders if data == "folder" else stores
+                metrics = example.train(["--data", data, "--train-dir", dirs["train"], "--val-dir", dirs["val"],
+                                         "--epochs", ns.epochs, *ns.example_args],
+                                        os.path.join(tmp, f"{arm}-{round_}"), env, cluster=cluster,
+                                        timeout=ns.timeout)
+                row = summarise(arm, metrics, round_ + 1)
+                rows.append(row)
+                print(f"round {round_ + 1} {arm}: {row['images_per_s']:.2f} img/s, epoch {row['epoch_s']:.1f} s, "
+                      + ", ".join(f"{p} {100 * s:.0f}%" for p, s in row["shares"].items()), flush=True)
+    text = table(rows)
+    print(text)
+    if ns.json:
+        write_json(ns.json, {"argv": ["python", "-m", "mcallreduce.bench", "e2e", *(argv or sys.argv[2:])],
+                             "hosts": config.hosts, "read_limit_per_host": per_host, "runs": rows,
+                             "table": text})
+    if ns.plot:
+        plot(rows, ns.plot)
+    return 0
