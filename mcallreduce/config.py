@@ -62,6 +62,23 @@ class ConfigError(ValueError):
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(i?[bB])?\s*$")
 
 
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)?\s*$", re.IGNORECASE)
+
+
+def parse_rate(text: str, what: str = "rate") -> int:
+    """'200mbit' -> 200_000_000 bits/s (tc's units: k = 1000; 'bps' means bytes/s)."""
+    match = _RATE.match(str(text))
+    if not match:
+        raise ConfigError(f"{what}: bad rate {text!r}: use e.g. 200mbit, 1gbit, 500kbit")
+    number, scale, unit = match.groups()
+    bits = float(number) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[scale.lower()]
+    if (unit or "bit").lower() == "bps":
+        bits *= 8
+    if bits < 8_000:
+        raise ConfigError(f"{what}: rate {text!r} is below 8 kbit/s")
+    return int(bits)
+
+
 def parse_size(text: str, what: str = "size") -> int:
     """'256K' -> 262144, '1M' -> 1048576, '1.5G', '4096' -> 4096 (binary units)."""
     m = _SIZE.match(str(text))
@@ -105,13 +122,9 @@ def _choice(variable: str, value: str, allowed: Sequence[str]) -> str:
     return value
 
 
-# Across hosts, pipeline segments stay under Open MPI's TCP eager limit. A larger message
-# waits for the receiver's clear-to-send, and that small reply queues behind whatever the
-# receiver's NIC is sending: its own data back over the same connection (a star or a tree:
-# a two-way stream of 256 KiB messages between two emulated hosts ran at 0.54-0.56 of the
-# one-way rate, of 60 KiB messages at 0.97-1.00) or to its other neighbour (a ring: 1 MiB on
-# 8 hosts took 209 ms in 128 KiB messages, 76 ms in 60 KiB segments). docs/benchmarks.md,
-# "Two-way connections" and "A ring's clear-to-send".
+# Across hosts, pipeline segments stay under Open MPI's TCP eager limit: a larger message waits
+# for the receiver's clear-to-send, which queues behind whatever the receiver's NIC is sending
+# (measured: docs/benchmarks.md, "Two-way connections" and "A ring's clear-to-send").
 EAGER_LIMIT_VARIABLE = "OMPI_MCA_btl_tcp_eager_limit"
 EAGER_LIMIT_BYTES = 64 << 10     # Open MPI's default btl_tcp_eager_limit (headers included)
 EAGER_HEADER_BYTES = 1 << 10     # room for the PML and BTL headers

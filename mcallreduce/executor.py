@@ -11,13 +11,10 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from .errors import DeadlockError
 from .schedule import Op, Schedule, apply_reduce
 
 __all__ = ["DeadlockError", "execute"]
-
-
-class DeadlockError(RuntimeError):
-    pass
 
 
 def execute(schedule: Schedule, buffers: Sequence[np.ndarray],

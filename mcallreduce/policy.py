@@ -29,13 +29,9 @@ PIPELINE_MIN_SEGMENTS = 4  # pipeline a color only if it gets at least this many
                            # fewer adds messages without overlapping much (measured at 1 MiB)
 STAR_MAX_HOSTS = 8         # up to this many hosts, one color per host (direct reduce-scatter)
 # From 256 KiB the colors cross hosts on rings, not trees (route "ring", one ring per local
-# rank): the same bytes per NIC, but each host sends to one neighbour, one way. On the
-# emulated cluster (200 Mbit/s, 2026-11-30, multicolor ring route / tree route, both against
-# our flat ring in the same jobs): 4 hosts x 2 at 32 MiB 1.20-1.22x vs 0.96-1.06x, at 1 MiB
-# 1.14x vs 0.98-1.02x; 8 hosts x 1 at 1 MiB 1.00x vs 0.79-0.81x, at 256 KiB 1.01-1.03x vs
-# 0.86-0.88x; 8 hosts x 2 at 32 MiB 1.04-1.11x vs 0.88-0.95x (docs/benchmarks.md, "Trees or
-# rings across hosts"). Trees keep the small messages, where 2 log(N) hops beat the ring's
-# 2(N-1): 8 hosts, 64 KiB, two trees took 0.52-0.65 of the ring's time.
+# rank): the same bytes per NIC, but each host sends to one neighbour, one way, which kept
+# shaped links busier; trees keep the small messages, where 2 log(N) hops beat the ring's
+# 2(N-1) (measurements: docs/benchmarks.md, "Trees or rings across hosts").
 RING_ROUTE_MIN_BYTES = 256 << 10
 RING_ROUTE_MAX_HOSTS = 8   # measured up to 8 hosts; beyond, the ring's 2(N-1) hops are untested
 # The latency regime of the multicolor family: log2(p) exchanges of the whole message

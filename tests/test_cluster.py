@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mcallreduce.config import ConfigError
 from mcallreduce.bench.cluster import Cluster, ClusterError, links, main, namespaces, parse_rate, tbf_options
 from mcallreduce.bench.cluster_measure import measure_tcp, parse_size
 
@@ -50,7 +51,7 @@ def test_rates_and_tbf_burst():
     assert parse_rate("200mbit") == 200_000_000
     assert parse_rate("1Gbit") == 1_000_000_000
     assert parse_rate("25mbps") == 200_000_000
-    with pytest.raises(ClusterError, match="bad rate"):
+    with pytest.raises(ConfigError, match="bad rate"):
         parse_rate("fast")
     opts = tbf_options(parse_rate("10gbit"))
     burst = int(opts[opts.index("burst") + 1])

@@ -8,7 +8,7 @@ from mcallreduce.algorithms import Params, build_schedule
 from mcallreduce.executor import execute
 from mcallreduce.schedule import Builder, check_schedule
 from mcallreduce.sim.calibrate import fit, fit_line, fit_overhead
-from mcallreduce.sim.model import ClusterModel, emulated, paper, parse_rate
+from mcallreduce.sim.model import ClusterModel, emulated, link_bytes_per_s, paper
 from mcallreduce.sim.mpi_models import (nonoverlapping, ompi_default, ompi_schedule, rabenseifner,
                                         recursive_doubling)
 from mcallreduce.sim.predict import predict
@@ -241,7 +241,7 @@ def test_fit_turns_raw_measurements_into_model_constants():
 
 
 def test_parse_rate_and_presets():
-    assert parse_rate("200mbit") == 25e6 and parse_rate("1gbit") == 125e6
+    assert link_bytes_per_s("200mbit") == 25e6 and link_bytes_per_s("1gbit") == 125e6
     m = emulated(4, 2)
     assert m.nranks == 8 and m.layout() == [[0, 1], [2, 3], [4, 5], [6, 7]] and m.cores == 2 and m.polling
     assert paper(32, 2).nranks == 128 and paper(32, 2).nics == 2

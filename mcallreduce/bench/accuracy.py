@@ -20,8 +20,8 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
-from . import example, plotting
-from .allreduce import write_json
+from . import example, output
+from .output import write_json
 
 DATA = {"folder": ["--data", "folder"], "memory-local": ["--data", "memory", "--shuffle", "local"],
         "memory-partial": ["--data", "memory", "--shuffle", "partial"],
@@ -62,7 +62,7 @@ def curve_difference(row: dict, rows: List[dict]) -> Optional[float]:
 
 
 def plot(rows: List[dict], path: str) -> None:
-    plt = plotting.pyplot()
+    plt = output.pyplot()
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4))
     arms = list(dict.fromkeys((r["data"], r["horovod"]) for r in rows))
     for data, horovod in arms:
@@ -76,7 +76,7 @@ def plot(rows: List[dict], path: str) -> None:
     loss_ax.set(xlabel="epoch", ylabel="training loss (mean over seeds)", yscale="log")
     acc_ax.set(xlabel="epoch", ylabel="validation top-1 % (mean over seeds)")
     acc_ax.legend(fontsize=7)
-    plotting.save(fig, path)
+    output.save_png(fig, path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -15,7 +15,6 @@ burns a core the backward pass or the JPEG decoder needed shows it there.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import sys
@@ -27,6 +26,7 @@ import numpy as np
 from ..algorithms import SCHEDULED
 from ..config import parse_size
 from . import mpit
+from .output import write_json
 
 ALGORITHMS = SCHEDULED + ("mpi", "mpi-ring")
 DEFAULT_ALGORITHMS = "multicolor,ring,mpi,mpi-ring"
@@ -197,14 +197,6 @@ def plot(records: List[Dict], path: str, title: str) -> None:
     fig.tight_layout()
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
-
-
-def write_json(path: str, payload: Dict) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=1)
     os.replace(tmp, path)
 
 

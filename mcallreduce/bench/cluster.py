@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from mcallreduce import launch
+from mcallreduce.config import ConfigError, parse_rate
 
 __all__ = ["Cluster", "ClusterConfig", "ClusterError", "parse_rate", "tbf_options", "main"]
 
@@ -56,23 +57,6 @@ def say(message: str) -> None:
 
 
 # ---------------------------------------------------------------- rates and tbf
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)?\s*$", re.IGNORECASE)
-
-
-def parse_rate(text: str) -> int:
-    """'200mbit' -> 200_000_000 bits/s (tc's units: k = 1000; 'bps' means bytes/s)."""
-    match = _RATE.match(text)
-    if not match:
-        raise ClusterError(f"bad rate {text!r}: use e.g. 200mbit, 1gbit, 500kbit")
-    number, scale, unit = match.groups()
-    bits = float(number) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[scale.lower()]
-    if (unit or "bit").lower() == "bps":
-        bits *= 8
-    if bits < 8_000:
-        raise ClusterError(f"rate {text!r} is below 8 kbit/s")
-    return int(bits)
-
-
 def tbf_options(rate_bits: int) -> list[str]:
     """tc tbf arguments for ``rate_bits``.
 
@@ -510,7 +494,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
             if ns.action == "duplex":
                 return cluster_measure.duplex_main(cluster, ns.segments, ns.bytes, ns.window)
             return cluster_measure.allreduce_main(cluster, ns.sizes, ns.algorithm)
-    except ClusterError as err:
+    except (ClusterError, ConfigError) as err:
         print(f"cluster: error: {err}", file=sys.stderr)
         return 2
     return 0

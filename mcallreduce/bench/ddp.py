@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .. import launch
-from .allreduce import write_json
+from .output import write_json
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_synthetic_benchmark.py"
 ARMS = ("gloo", "hook", "backend")

@@ -33,8 +33,8 @@ import threading
 from typing import Dict, List, Optional, Sequence
 
 from ..config import parse_size
-from . import example, plotting
-from .allreduce import write_json
+from . import example, output
+from .output import write_json
 
 STOCK = {"MCALLREDUCE_HOROVOD": "0"}
 MULTICOLOR = {"MCALLREDUCE_ALGORITHM": "multicolor"}
@@ -93,7 +93,7 @@ def table(rows: List[dict]) -> str:
 
 def plot(rows: List[dict], path: str) -> None:
     """Per arm: mean seconds per step of each part (stacked), img/s on top."""
-    plt = plotting.pyplot()
+    plt = output.pyplot()
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     fig, ax = plt.subplots(figsize=(7, 4))
     bottom = [0.0] * len(arms)
@@ -109,7 +109,7 @@ def plot(rows: List[dict], path: str) -> None:
     ax.set_ylabel("seconds per epoch and rank")
     ax.set_title("Where a training step's time goes (last epoch of each run)")
     ax.legend(fontsize=8)
-    plotting.save(fig, path)
+    output.save_png(fig, path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

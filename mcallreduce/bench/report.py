@@ -27,8 +27,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..algorithms import Params
-from ..sim.model import parse_rate
+from ..sim.model import link_bytes_per_s
 from .allreduce import human
+from .output import write_json
 
 REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
@@ -85,7 +86,7 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
             cluster.up(hosts, rate=ns.rate, ranks_per_host=rph)
             if not calibrated:
                 raw = run_calibration(cluster, python=py, env=env)
-                cal = fit(raw, parse_rate(ns.rate))
+                cal = fit(raw, link_bytes_per_s(ns.rate))
                 write_json(data / "calibration.json", {"setup": setup_name(hosts, rph), "rate": ns.rate,
                                                        "raw": raw, "fit": cal})
                 calibrated = True
@@ -169,13 +170,6 @@ def measure_horovod(cluster, ns, env, data: Path) -> List[Dict]:
             return json.loads(line[8:])
     print(f"[report] horovod run failed ({proc.returncode}): {proc.stderr[-500:]}", file=sys.stderr)
     return []
-
-
-def write_json(path: Path, payload) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- modelling
@@ -503,12 +497,12 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
 
     def bus(name, a, size=32 << 20):   # busbw / the configured link rate
         s = next((s for s in setups if s["setup"] == name), None)
-        return (2 * (s["hosts"] - 1) / s["hosts"] * size / t(name, a, size) / parse_rate(s["rate"])
+        return (2 * (s["hosts"] - 1) / s["hosts"] * size / t(name, a, size) / link_bytes_per_s(s["rate"])
                 if s else float("nan"))
     out = ["", "**Where the goals stand, and what the model says** (the report recomputes these numbers):", ""]
     choice = next((r for r in tuning.get("8h1r", []) if r["size_bytes"] == 64 << 10), {})
     rate8 = next((s["rate"] for s in setups if s["setup"] == "8h1r"), "200mbit")
-    bound8 = 2 * 7 / 8 * (64 << 10) / (parse_rate(rate8) * cal.get("nic_efficiency", 1.0))
+    bound8 = 2 * 7 / 8 * (64 << 10) / (link_bytes_per_s(rate8) * cal.get("nic_efficiency", 1.0))
     d, ds, de = (cal.get(k, float("nan")) for k in ("duplex", "duplex_small", "duplex_eager"))
     out.append(
         f"* *Two-way connections.* A star or a tree sends bulk data both ways over each host pair's TCP "
@@ -519,8 +513,7 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"(`cluster duplex` shows the same: docs/benchmarks.md, \"Two-way connections\"). Plain TCP sockets "
         f"lose nothing both ways, so the loss is the rendezvous protocol's. A ring pays it too, although its "
         f"connections carry data one way: the clear-to-send queues behind the data the receiver's NIC sends "
-        f"to its other neighbour (our ring on 8 hosts, 1 MiB: 209 ms in 128 KiB messages, 76 ms in 60 KiB "
-        f"segments, 2026-11-30). The runtime therefore pipelines every message of every schedule that crosses "
+        f"to its other neighbour (measured: docs/benchmarks.md, \"Two-way connections\"). The runtime therefore pipelines every message of every schedule that crosses "
         f"hosts in segments under the eager limit (60 KiB; `OMPI_MCA_btl_tcp_eager_limit` is respected).")
     out.append(
         f"* *Large messages, one rank per host.* From 256 KiB on up to 8 hosts the colors cross hosts on "
@@ -529,9 +522,8 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"{t('4h1r', 'ring', 32 << 20) / t('4h1r', 'mpi-ring', 32 << 20):.2f}x. Both are bandwidth-optimal, so "
         f"\"1.1x Open MPI's ring\" would need {1.1 * (t('4h1r', 'ring', 32 << 20) / t('4h1r', 'mpi-ring', 32 << 20)) * bus('4h1r', 'ring'):.2f} "
         f"of the link where the calibrated NIC efficiency is {cal.get('nic_efficiency', float('nan')):.2f}. "
-        f"The trees (one star per host) sent the same bytes but as three two-way flows per shaped NIC and "
-        f"reached 0.78-0.85 of the link where the ring reached 0.90 (2026-11-30: an MPI all-to-all of eager "
-        f"segments got 0.90-0.93 of a ring pattern's rate per host).")
+        f"The trees (one star per host) send the same bytes but as three two-way flows per shaped NIC, "
+        f"and reached less of the link than the ring (docs/benchmarks.md, \"Trees or rings across hosts\").")
     out.append(
         f"* *Two ranks per host, 32 MiB.* Hierarchical multicolor vs flat ring: "
         f"{t('4h2r', 'ring', 32 << 20) / t('4h2r', 'multicolor', 32 << 20):.2f}x (4 hosts), "
@@ -546,17 +538,13 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"{next((s['barrier']['barrier_s'] * 1e3 for s in setups if s['setup'] == '8h1r' and s.get('barrier')), float('nan')):.1f} ms); "
         f"the default's trees (2 colors at 64 KiB) take about 2 log2(8) = 6 dependent hops of half the message, "
         f"the ring 14 hops of 1/8 of it, and at this size a hop's cost hardly depends on its bytes. "
-        f"The scheduling is most of it: a 4 KiB ping-pong between two of 8 emulated hosts took 112-163 us per "
-        f"message while the other six ranks waited in MPI and 22-33 us while they slept (2026-11-30, "
-        f"`cluster pingpong`; waiting "
-        f"without polling was tried and lost: docs/benchmarks.md, \"What a hop costs\"). "
+        f"The scheduling is most of it (`cluster pingpong` while the other ranks wait in MPI or sleep; "
+        f"waiting without polling was tried and lost: docs/benchmarks.md, \"What a hop costs\"). "
         f"The model's choice for 64 KiB here (tuning table): {choice.get('algorithm', '?')} with "
         f"{choice.get('colors', '?')} colors, predicted {choice.get('speedup_vs_ring', float('nan')):.2f}x "
-        f"over the ring. One color per host (`MCALLREDUCE_COLORS=8`) measured 0.75-0.77 of the ring's time "
-        f"(2026-11-30), worse than 2 colors: each rank then handles 7 messages per phase, and at this size the "
-        f"cost of a message on the shared cores, not the hop count, decides. Binary, ternary and 4-ary trees "
-        f"measured alike (0.52-0.69, two or three runs each), and without the metadata check (one small MPI "
-        f"allreduce that both algorithms pay) 0.45-0.68. At 200 Mbit/s this size is close to bandwidth-bound: "
+        f"over the ring. One color per host (`MCALLREDUCE_COLORS=8`) and other tree arities measured no "
+        f"better (docs/benchmarks.md): at this size the cost of a message on the shared cores, not the hop "
+        f"count, decides. At 200 Mbit/s this size is close to bandwidth-bound: "
         f"2(p-1)/p of the message through each host's link takes {bound8 * 1e3:.1f} ms at the calibrated "
         f"link rate, {bound8 / t('8h1r', 'ring', 64 << 10):.2f} of this run's ring time (the shaper's "
         f"128 KiB token bucket lets calls with gaps between them go somewhat faster).")
@@ -614,7 +602,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif (data / "paper-scale.json").exists():
         paper_rows = json.loads((data / "paper-scale.json").read_text())
     made = plots(setups, pts, paper_rows, img)
-    goal_rows = goals(setups, parse_rate(setups[0]["rate"]))
+    goal_rows = goals(setups, link_bytes_per_s(setups[0]["rate"]))
     splice(docs / "benchmarks.md", markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning))
     print(f"report: wrote {docs / 'benchmarks.md'} and {', '.join(made)}", file=sys.stderr)
     for name, target, got, ok in goal_rows:

@@ -117,11 +117,10 @@ def _activate(hvd, comm_arg) -> None:
 def _stop_progress() -> None:
     """Stop routing and the engine's progress thread on every rank, then let Horovod shut down.
 
-    Why the barrier: Horovod's shutdown on one rank ends the background loop of *every* rank,
-    and each then finalizes MPI from its Horovod thread, whatever else that process is doing.
-    A rank that is still busy (rank 0 saving a checkpoint, say) would have its progress
-    thread inside MPI_Waitsome when that happens (a segfault in Open MPI 4.1.4). So every
-    rank first stops its own thread, and no rank lets Horovod shut down before all have.
+    Horovod's shutdown on one rank makes every rank's Horovod thread finalize MPI, whatever
+    else that process is doing, and MPI must not be finalized under a running progress
+    thread or an open shared-memory window: so every rank stops both, and the ranks barrier
+    before any lets Horovod shut down (docs/horovod.md).
     """
     if not ROUTER.active:
         return
@@ -133,11 +132,7 @@ def _stop_progress() -> None:
     # stops the progress thread and says goodbye: a peer still waiting on a routed call that
     # this rank never started fails (HorovodInternalError) instead of waiting forever
     ctx.close()
-    # The shared-memory window too, before the barrier: once any rank enters Horovod's
-    # shutdown, every rank's Horovod thread may finalize MPI, and MPI_Finalize frees a window
-    # still listed with a barrier among its ranks, which hangs once the other rank has exited.
-    # Freed at atexit (after this barrier) it could still be listed when a faster rank shut
-    # Horovod down: seen under load, a rank's Horovod thread stuck in ompi_win_finalize ->
-    # osc_sm_free -> barrier (2 of 14 join jobs with a CPU hog; 0 of 15 with this order).
+    # before the barrier: MPI_Finalize frees a window still open with a barrier that a rank
+    # which already exited never joins
     ctx.release_shared()   # collective: every rank is here
     ROUTER.exit_comm.Barrier()

@@ -41,18 +41,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional
 
-from ..config import EAGER_HEADER_BYTES, EAGER_LIMIT_BYTES
+from ..config import EAGER_HEADER_BYTES, EAGER_LIMIT_BYTES, parse_rate
 
-__all__ = ["ClusterModel", "emulated", "paper", "parse_rate"]
+__all__ = ["ClusterModel", "emulated", "link_bytes_per_s", "paper"]
 
 
-def parse_rate(text: str) -> float:
+def link_bytes_per_s(rate: str) -> float:
     """'200mbit' -> 25e6 bytes/s (tc units, k = 1000)."""
-    t = text.strip().lower()
-    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
-        if t.endswith(unit):
-            return float(t[: -len(unit)]) * scale / 8
-    return float(t)
+    return parse_rate(rate) / 8
 
 
 @dataclass(frozen=True)
@@ -130,11 +126,11 @@ def emulated(hosts: int, ranks_per_host: int = 1, rate: str = "200mbit", rails: 
     c.update(calibration or {})
     return ClusterModel(
         hosts=hosts, ranks_per_host=ranks_per_host, nics=rails,
-        nic_Bps=parse_rate(rate) * c["nic_efficiency"], nic_policy="stripe",
+        nic_Bps=link_bytes_per_s(rate) * c["nic_efficiency"], nic_policy="stripe",
         alpha=c["alpha"], intra_Bps=c["intra_Bps"], intra_alpha=c["intra_alpha"],
         overhead=c["overhead"], gamma=c["gamma"], cores=cores, polling=polling,
         eager_bytes=EAGER_LIMIT_BYTES - EAGER_HEADER_BYTES,   # Open MPI's TCP eager payload
-        burst_bytes=max(int(parse_rate(rate) * 0.005), 128 * 1024), peak_Bps=c["peak_Bps"],
+        burst_bytes=max(int(link_bytes_per_s(rate) * 0.005), 128 * 1024), peak_Bps=c["peak_Bps"],
         duplex=c["duplex"], duplex_small=c.get("duplex_small", c["duplex"]),
         duplex_eager=c.get("duplex_eager", 1.0),
         mpi_overhead=c.get("mpi_overhead", 2e-6),

@@ -30,18 +30,15 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
+from ..errors import DeadlockError
 from ..schedule import Op, Schedule
 from .model import ClusterModel
 
 __all__ = ["SimResult", "simulate", "DeadlockError"]
 
 _CPU_DONE, _SEND_DONE, _ARRIVE = 0, 1, 2
-
-
-class DeadlockError(RuntimeError):
-    pass
 
 
 @dataclass
