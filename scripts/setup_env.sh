@@ -5,8 +5,14 @@
 #   the same mpicc).
 # A second run with unchanged inputs does nothing: a stamp file records what was done.
 #   -> Horovod 0.28.1 built once against that torch (scripts/build_horovod.sh, cached wheel).
-# Usage: scripts/setup_env.sh
+# Usage: scripts/setup_env.sh [--without-horovod]   (the allreduce and data benchmarks need no Horovod)
 set -euo pipefail
+with_horovod=1
+case "${1:-}" in
+  "") ;;
+  --without-horovod) with_horovod=0 ;;
+  *) echo "usage: $0 [--without-horovod]" >&2; exit 2 ;;
+esac
 repo=$(cd "$(dirname "$0")/.." && pwd)
 venv="$repo/.venv"
 py="$venv/bin/python"
@@ -50,6 +56,7 @@ modules='"mcallreduce", "mcallreduce._executor", "mpi4py", "torch"'
 [ -f /usr/include/jpeglib.h ] && command -v cc >/dev/null 2>&1 && modules="$modules, \"mcallreduce.data._jpegroi\""
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ($modules))))" 2>/dev/null; then
   # Python side already set up with these exact inputs: only Horovod and its hook to check.
+  [ "$with_horovod" = 1 ] || exit 0
   "$repo/scripts/build_horovod.sh"
   exec "$py" -m mcallreduce.horovod.startup install
 fi
@@ -89,6 +96,10 @@ for req in "$repo"/scripts/requirements-*.txt; do
 done
 "${pip[@]}" --no-deps --no-build-isolation -e "$repo"
 echo "$want" > "$stamp"
+if [ "$with_horovod" = 0 ]; then
+  say "environment ready (without Horovod): $venv"
+  exit 0
+fi
 # 6. Horovod 0.28.1, patched to build against torch 2.13 (cached wheel; about 4 minutes once).
 "$repo/scripts/build_horovod.sh"
 # 7. The startup hook (a .pth file, inert unless MCALLREDUCE_ALGORITHM/MCALLREDUCE_HOROVOD is set).
