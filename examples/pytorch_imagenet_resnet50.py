@@ -83,7 +83,8 @@ parser.add_argument("--threads", type=int, default=4, help="torch intra-op threa
 parser.add_argument("--checkpoint-steps", type=int, default=0,
                     help="--data memory: also checkpoint every N steps within an epoch (0: per epoch only)")
 parser.add_argument("--stop-after-steps", type=int, default=0,
-                    help="stop after N steps of this run, as a preempted job would (checkpoint first)")
+                    help="stop after N steps of this run, as a preempted job would (with --data memory, "
+                         "after a mid-epoch checkpoint)")
 
 
 class Metric:
@@ -110,6 +111,8 @@ class StepTimer:
         self.last = time.perf_counter()
 
     def lap(self, part):
+        if args.cuda:
+            torch.cuda.synchronize()    # GPU work is asynchronous: charge it to the part that queued it
         now = time.perf_counter()
         self.seconds[part] += now - self.last
         self.last = now
@@ -158,8 +161,8 @@ def find_resume_point():
             if os.path.exists(checkpoint_path(epoch)):
                 done = epoch
                 break
-        if os.path.exists(checkpoint_path(done + 1, partial=True)):
-            partial = checkpoint_path(done + 1, partial=True)
+        if args.data == "memory" and os.path.exists(checkpoint_path(done + 1, partial=True)):
+            partial = checkpoint_path(done + 1, partial=True)    # a stock sampler has no position to resume
     return hvd.broadcast_object((done, partial), root_rank=0, name="resume_point")
 
 
@@ -173,6 +176,8 @@ def train(epoch, first_step=0):
     steps = len(train_loader)      # the whole epoch's, also when resumed within it
     with progress_bar(steps, f"Train Epoch     #{epoch + 1}", show=verbose, initial=first_step) as t:
         for batch_idx, (data, target) in enumerate(train_loader, start=first_step):
+            if args.cuda:
+                data, target = data.cuda(non_blocking=True), target.cuda(non_blocking=True)
             timer.lap("data")
             adjust_learning_rate(epoch, batch_idx, steps)
             optimizer.zero_grad()
@@ -220,12 +225,23 @@ def validate(epoch):
     with progress_bar(len(val_loader), f"Validate Epoch  #{epoch + 1}", show=verbose) as t:
         with torch.no_grad():
             for data, target in val_loader:
+                if args.cuda:
+                    data, target = data.cuda(non_blocking=True), target.cuda(non_blocking=True)
                 output = model(data)
                 val_loss.update(F.cross_entropy(output, target))
                 val_accuracy.update(accuracy(output, target))
                 t.set_postfix({"loss": val_loss.avg.item(), "accuracy": 100. * val_accuracy.avg.item()}, refresh=False)
                 t.update(1)
     return {"val_loss": val_loss.avg.item(), "val_accuracy": val_accuracy.avg.item()}
+
+
+def earlier_epochs(resume_from_epoch):
+    """Rank 0: the epochs a resumed job's metrics.json already holds (before the one it resumes in)."""
+    path = os.path.join(args.log_dir, "metrics.json") if args.log_dir else None
+    if hvd.rank() != 0 or not path or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [e for e in json.load(f)["epochs"] if e["epoch"] < resume_from_epoch]
 
 
 def log_epoch(record):
@@ -259,7 +275,7 @@ if __name__ == "__main__":
         torch.cuda.manual_seed(args.seed)
     resume_from_epoch, partial = find_resume_point()
     verbose = hvd.rank() == 0
-    history, steps_run, stop = [], 0, False
+    history, steps_run, stop = earlier_epochs(resume_from_epoch), 0, False
     torch.set_num_threads(args.threads)
 
     kwargs = {"num_workers": args.workers, "pin_memory": args.cuda}
@@ -319,6 +335,8 @@ if __name__ == "__main__":
         if record is None:    # stopped on purpose
             break
         record.update(validate(epoch), epoch=epoch)
+        if epoch == resume_from_epoch and first_step:
+            record["resumed_at_step"] = first_step     # its train metrics cover the steps from there on
         save_checkpoint(epoch)
         log_epoch(record)
         if stop:

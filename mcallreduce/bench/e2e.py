@@ -112,6 +112,11 @@ def plot(rows: List[dict], path: str) -> None:
     output.save_png(fig, path)
 
 
+def record(argv, hosts: int, per_host: int, rows: List[dict]) -> dict:
+    return {"argv": ["python", "-m", "mcallreduce.bench", "e2e", *(argv or sys.argv[2:])], "hosts": hosts,
+            "read_limit_per_host": per_host, "runs": rows}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mcallreduce.bench e2e", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -121,7 +126,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--runs", type=int, default=2, help="rounds; each runs every arm once, alternated")
     parser.add_argument("--read-limit", default="0", help="disk reads per host, bytes/s (suffixes K, M); 0: none")
-    parser.add_argument("--evict-every", type=float, default=1.0, help="seconds between page-cache drops of the tree")
+    parser.add_argument("--evict-every", type=float, default=1.0,
+                        help="with --read-limit: seconds between page-cache drops of the tree")
     parser.add_argument("--epochs", type=int, default=2, help="per run; the last one is reported")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     parser.add_argument("--json", help="write the runs and the table here")
@@ -156,9 +162,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             disk_tree = tree
         folders = {split: os.path.join(disk_tree, split) for split in ("train", "val")}
-        evictor = Evictor(list(folders.values()), ns.evict_every)
-        evictor.start()
-        stack.callback(evictor.stopped.set)
+        if per_host:
+            evictor = Evictor(list(folders.values()), ns.evict_every)
+            evictor.start()
+            stack.callback(evictor.join)            # before the disk is unmounted (callbacks run last first)
+            stack.callback(evictor.stopped.set)
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
         for round_ in range(ns.runs):
             for arm in (arms if round_ % 2 == 0 else arms[::-1]):    # neither arm always first
@@ -170,14 +178,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                         timeout=ns.timeout)
                 row = summarise(arm, metrics, round_ + 1)
                 rows.append(row)
+                if ns.json:     # after every run: a failure later keeps what was measured
+                    write_json(ns.json, record(argv, config.hosts, per_host, rows))
                 print(f"round {round_ + 1} {arm}: {row['images_per_s']:.2f} img/s, epoch {row['epoch_s']:.1f} s, "
                       + ", ".join(f"{p} {100 * s:.0f}%" for p, s in row["shares"].items()), flush=True)
     text = table(rows)
     print(text)
     if ns.json:
-        write_json(ns.json, {"argv": ["python", "-m", "mcallreduce.bench", "e2e", *(argv or sys.argv[2:])],
-                             "hosts": config.hosts, "read_limit_per_host": per_host, "runs": rows,
-                             "table": text})
+        write_json(ns.json, {**record(argv, config.hosts, per_host, rows), "table": text})
     if ns.plot:
         plot(rows, ns.plot)
     return 0

@@ -68,6 +68,8 @@ class InMemoryDistributedSampler(Sampler[int]):
         self.num_samples = math.ceil((n - w) / w) if drop_last and n % w else math.ceil(n / w)
         self.total_size = self.num_samples * w
         self.epoch = 0
+        if self._dataset_epoch is not None:
+            self._dataset_epoch(0)      # keyed crops from the first epoch on, set_epoch called or not
         self._start = 0          # where the next iteration starts (mid-epoch resume)
         self._yielded = 0
         self._cached = (None, None)

@@ -291,10 +291,11 @@ class ImageStore:
             return self._cache[p:p + size]
         if self.epoch_prepared is None:
             raise KeyError(f"sample {i} is not held on host {self.layout.host}: the store is split across hosts "
-                           f"(partition 'split'), and this sampler draws from the whole set (a stock "
-                           f"DistributedSampler does). Iterate with InMemoryDistributedSampler (shuffle=False "
-                           f"for validation: every sample once across the ranks), or open the store with "
-                           f"partition='full' (every host holds all of it)")
+                           f"(partition 'split') and no samples were exchanged. Either the sampler draws from "
+                           f"the whole set (a stock DistributedSampler does: iterate with "
+                           f"InMemoryDistributedSampler, shuffle=False for validation, or open the store with "
+                           f"partition='full'), or InMemoryDistributedSampler's set_epoch(epoch) was not called "
+                           f"on every rank before the DataLoader's workers started")
         raise KeyError(f"sample {i} is not held on host {self.layout.host} and was not exchanged for this epoch: "
                        f"call sampler.set_epoch(epoch) on every rank before iterating (with DataLoader workers "
                        f"and shuffle_mode 'global' or 'partial', use persistent_workers=False)")

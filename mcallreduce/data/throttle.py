@@ -199,12 +199,14 @@ class LoopDisk:
         self.image = self.device = self.mount = None
 
     def __enter__(self) -> str:
-        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(self.source) for f in files)
+        files = [os.path.join(d, f) for d, _, names in os.walk(self.source) for f in names]
+        blocks = sum(-(-os.path.getsize(f) // 4096) for f in files)     # each file in whole 4 KiB blocks
         fd, self.image = tempfile.mkstemp(prefix="mcallreduce-disk-", suffix=".img", dir=self.image_dir)
         os.close(fd)
         try:
-            os.truncate(self.image, int(size * 1.3) + (64 << 20))     # room for ext4's metadata
-            subprocess.run(["mkfs.ext4", "-q", "-F", self.image], check=True, capture_output=True)
+            os.truncate(self.image, int(blocks * 4096 * 1.2) + (64 << 20))     # room for ext4's metadata
+            inodes = 2 * len(files) + 4096                                      # small files need more than the default
+            subprocess.run(["mkfs.ext4", "-q", "-F", "-N", str(inodes), self.image], check=True, capture_output=True)
             self.device = subprocess.run(["losetup", "-f", "--show", self.image], check=True,
                                          capture_output=True, text=True).stdout.strip()
             self.mount = tempfile.mkdtemp(prefix="mcallreduce-disk-")
@@ -214,15 +216,28 @@ class LoopDisk:
             os.sync()   # clean pages: DONTNEED can drop them
             return root
         except BaseException:
-            self.__exit__()
+            try:
+                self.__exit__()
+            except OSError:
+                pass     # the original error is the one to report
             raise
 
     def __exit__(self, *exc) -> None:
-        if self.mount:
-            subprocess.run(["umount", self.mount], check=False, capture_output=True)
-            os.rmdir(self.mount)
-        if self.device:
-            subprocess.run(["losetup", "-d", self.device], check=False, capture_output=True)
-        if self.image and os.path.exists(self.image):
-            os.remove(self.image)
+        """Unmount (lazily if still busy), detach, remove: each step runs whatever the one before did."""
+        mount, device, image = self.mount, self.device, self.image
         self.image = self.device = self.mount = None
+        try:
+            if mount:
+                if subprocess.run(["umount", mount], check=False, capture_output=True).returncode != 0:
+                    subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+                try:
+                    os.rmdir(mount)
+                except OSError:
+                    pass     # a lazy unmount may hold it a little longer: an empty directory is left
+        finally:
+            try:
+                if device:
+                    subprocess.run(["losetup", "-d", device], check=False, capture_output=True)
+            finally:
+                if image and os.path.exists(image):
+                    os.remove(image)

@@ -97,7 +97,7 @@ def test_validation_on_a_store_split_across_hosts_visits_every_sample(packed):
     assert len(rows) == 4
     n = rows[0]["n"]
     for r in rows:     # a stock DistributedSampler hits samples of the other host: told what to use instead
-        assert r["stock_error"] and "InMemoryDistributedSampler" in r["stock_error"] and "set_epoch" not in r["stock_error"]
+        assert r["stock_error"] and "stock DistributedSampler" in r["stock_error"] and "partition='full'" in r["stock_error"]
         assert r["read"] == len(r["order"]) == -(-n // 4)          # DistributedSampler's length on every rank
     visited = [i for r in rows for i in r["order"]]
     assert set(visited) == set(range(n))                            # every sample once ...

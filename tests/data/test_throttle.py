@@ -108,3 +108,33 @@ def test_reads_are_limited_and_the_cgroup_removed(tmp_path):
     assert limited >= 0.4, f"4 MiB at 8 MiB/s took {limited:.3f} s"
     assert warm < limited / 4 and lifted < limited / 2, (warm, lifted, limited)
     assert not os.path.exists(cgroup) and _cgroups() == before
+
+
+def test_a_loop_disk_takes_the_limit_alone_and_leaves_nothing(tmp_path):
+    why = _why_no_throttle(str(tmp_path))
+    if why or shutil.which("losetup") is None or shutil.which("mkfs.ext4") is None:
+        pytest.skip(why or "needs losetup and mkfs.ext4")
+    from mcallreduce.data.throttle import LoopDisk
+    tree = tmp_path / "tree"
+    (tree / "a").mkdir(parents=True)
+    (tree / "a" / "blob").write_bytes(os.urandom(2 * MiB))
+    for i in range(300):                       # many small files: inodes and block rounding
+        (tree / "a" / f"{i}.txt").write_bytes(b"x")
+    with LoopDisk(str(tree)) as root:
+        mount = os.path.dirname(root)
+        assert block_device(root).startswith("7:") and block_device(root) != block_device(str(tmp_path))
+        assert sorted(os.listdir(os.path.join(root, "a"))) == sorted(os.listdir(tree / "a"))
+        blob = os.path.join(root, "a", "blob")
+        with ReadThrottle(root) as throttle:
+            throttle.set(ReadLimit(bps=4 * MiB))
+            fd = os.open(blob, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+            start = time.perf_counter()
+            with open(blob, "rb") as f:
+                assert len(f.read()) == 2 * MiB
+            limited = time.perf_counter() - start
+        device = subprocess.run(["findmnt", "-no", "SOURCE", mount], capture_output=True, text=True).stdout.strip()
+    assert limited >= 0.3, f"2 MiB at 4 MiB/s took {limited:.3f} s"
+    assert not os.path.exists(mount)
+    assert device and device not in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
