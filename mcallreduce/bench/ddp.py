@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .. import launch
+from . import example
 from .output import write_json
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_synthetic_benchmark.py"
@@ -26,14 +26,9 @@ ARMS = ("gloo", "hook", "backend")
 
 
 def run_arm(arm: str, ns: argparse.Namespace, out: str, env: Dict[str, str]) -> None:
-    argv = [sys.executable, str(EXAMPLE), "--comm", arm, "--json", out, *ns.example_args]
-    if ns.cluster:
-        from .cluster import Cluster
-        result = Cluster().run(argv, env=env, timeout=ns.timeout)
-    else:
-        result = launch.run(ns.np, argv, env=env, timeout=ns.timeout)
-    if result.returncode != 0:
-        raise SystemExit(f"{arm} failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    from .cluster import Cluster
+    example.run([sys.executable, str(EXAMPLE), "--comm", arm, "--json", out, *ns.example_args], env,
+                np=ns.np, cluster=Cluster() if ns.cluster else None, timeout=ns.timeout)
 
 
 def table(rows: List[Dict]) -> str:

@@ -56,13 +56,9 @@ class Evictor(threading.Thread):
         self.interval, self.stopped = interval, threading.Event()
 
     def run(self) -> None:
+        from ..data.throttle import drop_page_cache
         while not self.stopped.wait(self.interval):
-            for path in self.paths:
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
+            drop_page_cache(self.paths)
 
 
 def summarise(arm: str, metrics: dict, round_: int) -> dict:

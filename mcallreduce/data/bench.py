@@ -28,7 +28,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from .throttle import ReadThrottle, parse_read_limits
+from .throttle import ReadThrottle, drop_page_cache, parse_read_limits
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -84,16 +84,6 @@ class NoDecode:
         return torch.tensor(len(data))
 
 
-def evict(folder) -> None:
-    """Drop an ImageFolder's files from the page cache (they are clean: written and synced)."""
-    for path, _ in folder.samples:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def time_epochs(dataset, args, epochs: int, before_epoch=None, first_epoch: int = 0) -> dict:
     from .loader import ThreadedLoader
     from .sampler import InMemoryDistributedSampler
@@ -139,7 +129,7 @@ def source_paths(folder, memory, throttle, limits) -> dict:
             if throttle is not None:
                 throttle.set(limit)
             if evict:
-                evict(folder)
+                drop_page_cache(path for path, _ in folder.samples)
         return before
     paths = {"folder_cold": (folder, hook(evict=True)), "folder_warm": (folder, hook()), "memory": (memory, hook())}
     for limit in limits:

@@ -10,7 +10,31 @@ from .store import ImageStore
 from .transforms import apply
 
 
-class InMemoryImageFolder(Dataset):
+class EncodedImageDataset(Dataset):
+    """What this package's datasets share: each item is a sample's encoded bytes, its
+    transform (:func:`.transforms.apply`, keyed by the epoch once it is set) and its label."""
+
+    transform: Optional[Callable] = None
+    target_transform: Optional[Callable] = None
+    epoch: Optional[int] = None     # unset: seeded transforms get no key
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch a seeded transform keys its randomness by; :class:`InMemoryDistributedSampler`
+        calls it from its own ``set_epoch``. DataLoader workers see it when they start, so use
+        ``persistent_workers=False`` (the default) with seeded transforms, or the ThreadedLoader."""
+        self.epoch = int(epoch)
+
+    def _item(self, index: int, data, target: int, where: str):
+        try:
+            image = apply(self.transform, data, None if self.epoch is None else (self.epoch, index))
+        except Exception as exc:
+            raise type(exc)(f"sample {index} ({where}): {exc}") from exc
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, target
+
+
+class InMemoryImageFolder(EncodedImageDataset):
     """ImageFolder's interface over an :class:`ImageStore`.
 
     ``source`` is a store, a packed file or an ImageFolder directory (opened with
@@ -27,13 +51,6 @@ class InMemoryImageFolder(Dataset):
         self.transform, self.target_transform = transform, target_transform
         self.classes: List[str] = self.store.classes
         self.class_to_idx: Dict[str, int] = {name: i for i, name in enumerate(self.classes)}
-        self.epoch: Optional[int] = None     # unset: seeded transforms get no key
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch a seeded transform keys its randomness by; :class:`InMemoryDistributedSampler`
-        calls it from its own ``set_epoch``. DataLoader workers see it when they start, so use
-        ``persistent_workers=False`` (the default) with seeded transforms, or the ThreadedLoader."""
-        self.epoch = int(epoch)
 
     @property
     def targets(self) -> np.ndarray:
@@ -44,12 +61,5 @@ class InMemoryImageFolder(Dataset):
         return len(self.store)
 
     def __getitem__(self, index: int):
-        data = self.store.sample_bytes(index)
-        try:
-            image = apply(self.transform, data, None if self.epoch is None else (self.epoch, index))
-        except Exception as exc:
-            raise type(exc)(f"sample {index} ({self.store.sample_path(index)}): {exc}") from exc
-        target = int(self.store.labels[index])
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return image, target
+        return self._item(index, self.store.sample_bytes(index), int(self.store.labels[index]),
+                          self.store.sample_path(index))

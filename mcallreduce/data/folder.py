@@ -10,13 +10,11 @@ from __future__ import annotations
 import os
 from typing import Callable, Dict, List, Optional, Tuple
 
-from torch.utils.data import Dataset
-
+from .dataset import EncodedImageDataset
 from .format import IMG_EXTENSIONS, scan_image_folder
-from .transforms import apply
 
 
-class ImageFolder(Dataset):
+class ImageFolder(EncodedImageDataset):
 
     def __init__(self, root: str, transform: Optional[Callable] = None,
                  target_transform: Optional[Callable] = None, extensions=IMG_EXTENSIONS):
@@ -28,15 +26,10 @@ class ImageFolder(Dataset):
                                                for path, label in zip(index.paths, index.labels)]
         self.targets: List[int] = [label for _, label in self.samples]
         self.transform, self.target_transform = transform, target_transform
-        self.epoch: Optional[int] = None     # unset: seeded transforms get no key
 
     @property
     def imgs(self) -> List[Tuple[str, int]]:
         return self.samples
-
-    def set_epoch(self, epoch: int) -> None:
-        """The epoch a seeded transform keys its randomness by (see InMemoryImageFolder.set_epoch)."""
-        self.epoch = int(epoch)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -45,10 +38,4 @@ class ImageFolder(Dataset):
         path, target = self.samples[index]
         with open(path, "rb") as f:
             data = f.read()
-        try:
-            image = apply(self.transform, data, None if self.epoch is None else (self.epoch, index))
-        except Exception as exc:
-            raise type(exc)(f"sample {index} ({path}): {exc}") from exc
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return image, target
+        return self._item(index, data, target, path)

@@ -28,7 +28,8 @@ from typing import List, Optional
 
 from ..config import ConfigError, parse_size
 
-__all__ = ["LoopDisk", "ReadLimit", "ReadThrottle", "ThrottleError", "block_device", "parse_read_limits"]
+__all__ = ["LoopDisk", "ReadLimit", "ReadThrottle", "ThrottleError", "block_device", "drop_page_cache",
+           "parse_read_limits"]
 
 V1_ROOT = "/sys/fs/cgroup/blkio"
 V2_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
@@ -97,6 +98,16 @@ def block_device(path: str) -> str:
         with open(os.path.join(os.path.realpath(sys_dir), "..", "dev")) as f:
             return f.read().strip()
     return f"{major}:{minor}"
+
+
+def drop_page_cache(paths) -> None:
+    """Drop these files' pages from the page cache (clean pages only: write and sync them first)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def _own_cgroup(controller: Optional[str]) -> str:

@@ -392,6 +392,7 @@ class TrainTransform:
     Pillow's), ``torch``, ``pil`` or ``cv2`` (opt-in, OpenCV INTER_LINEAR, not antialiased).
     """
     takes_encoded = True
+    takes_key = True       # gets key=(epoch, sample index) from the datasets of this package
 
     def __init__(self, size: int = 224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip: float = 0.5,
                  normalize: bool = True, mean=IMAGENET_MEAN, std=IMAGENET_STD, decoder: Optional[str] = None,
@@ -438,6 +439,7 @@ class TrainTransform:
 class EvalTransform:
     """Resize(resize) + CenterCrop(size) + ToTensor + Normalize, decoding at reduced scale."""
     takes_encoded = True
+    takes_key = True       # gets key=(epoch, sample index) from the datasets of this package
 
     def __init__(self, size: int = 224, resize: int = 256, normalize: bool = True, mean=IMAGENET_MEAN,
                  std=IMAGENET_STD, decoder: Optional[str] = None, resizer: Optional[str] = None):
@@ -458,14 +460,10 @@ class EvalTransform:
         return self.to_tensor(chw)
 
 
-def _takes_key(transform) -> bool:
-    return isinstance(transform, (TrainTransform, EvalTransform)) or getattr(transform, "takes_key", False)
-
-
 def apply(transform: Optional[Callable], data, key: Optional[Tuple[int, int]]):
     """Run ``transform`` on a sample's encoded bytes, as the datasets of this package do.
 
-    A transform that takes encoded bytes gets them (and ``key``, when it takes one);
+    A transform that takes encoded bytes gets them (and ``key=``, when it sets ``takes_key = True``);
     a Compose-style ``.transforms`` list whose first step takes them runs that step
     on the bytes and the rest on its result; anything else gets the decoded RGB image.
     """
@@ -477,6 +475,6 @@ def apply(transform: Optional[Callable], data, key: Optional[Tuple[int, int]]):
             image = step(image)
         return image
     if getattr(transform, "takes_encoded", False):
-        return transform(data, key=key) if _takes_key(transform) else transform(data)
+        return transform(data, key=key) if getattr(transform, "takes_key", False) else transform(data)
     image = decode_image(data)
     return image if transform is None else transform(image)
