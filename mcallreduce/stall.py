@@ -2,7 +2,10 @@
 
 A call that has waited ``stall_check_seconds()`` (``MCALLREDUCE_`` or ``HOROVOD_STALL_CHECK_TIME_SECONDS``,
 default 60) is reported once on stderr: its sequence number, tensor name when it has one,
-size, and what it waits for (the metadata check's peer, the schedule, MPI's allreduce). Past
+size, and what it waits for (the metadata check's peer, the schedule, MPI's allreduce), then,
+once per process, where the executor is (the MPI call it is inside, wake-up sends in
+progress) and every Python thread's stack: enough to tell a rank that never started the
+call from one stuck inside MPI. Past
 ``stall_shutdown_seconds()`` every call in flight fails with an error instead of waiting
 forever. A peer that shuts down is noticed sooner by its goodbye (native/executor.c).
 
@@ -11,6 +14,7 @@ with the engine unless ``*_STALL_CHECK_DISABLE=1``.
 """
 from __future__ import annotations
 
+import faulthandler
 import sys
 import threading
 import time
@@ -29,6 +33,7 @@ class StallInspector:
         self.engine, self.warn_after, self.fail_after = engine, warn_after, fail_after
         self._stop = threading.Event()
         self._warned: set = set()
+        self._dumped = False      # the threads' stacks: once per process, they are long
         self._thread = threading.Thread(target=self._run, name="mcallreduce-stall", daemon=True)
         self._thread.start()
 
@@ -65,3 +70,15 @@ class StallInspector:
               f"order; the ranks that have not started this one cannot be named without a coordinator. "
               f"(MCALLREDUCE_/HOROVOD_STALL_CHECK_TIME_SECONDS sets when this is reported, "
               f"*_STALL_SHUTDOWN_TIME_SECONDS when the call fails.)", file=sys.stderr, flush=True)
+        if not self._dumped:
+            self._dumped = True
+            self._dump(ctx.rank)
+
+    def _dump(self, rank: int) -> None:
+        in_mpi, wakes, requests = self.engine.native.activity()
+        where = f"inside {in_mpi}" if in_mpi else "not inside MPI"
+        thread = "its progress thread" if self.engine.threaded else "the callers"
+        print(f"mcallreduce: stall: rank {rank}'s executor ({thread}) is {where}, with {requests} requests "
+              f"posted and {wakes} wake-up sends in progress; the Python threads of rank {rank}:",
+              file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)

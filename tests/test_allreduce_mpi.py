@@ -49,9 +49,13 @@ def test_a_stalled_call_is_reported_and_a_rank_that_leaves_makes_the_others_rais
     result = mpi_script(np_, "peer_leaves.py", 4, env={"MCALLREDUCE_STALL_CHECK_TIME_SECONDS": "1"}, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("raised after") == np_ - 1, result.stdout
-    stalls = [ln for ln in result.stderr.splitlines() if "stall:" in ln]
+    stalls = [ln for ln in result.stderr.splitlines() if "has waited" in ln]
     assert len(stalls) == np_ - 1, result.stderr
     assert all(re.search(r"waited \d+ s in the metadata check, waiting for rank \d", ln) for ln in stalls), stalls
+    # then where each waiting rank is: inside MPI's wait, and the Python line that waits
+    where = [ln for ln in result.stderr.splitlines() if "executor (the callers) is inside MPI_Waitsome" in ln]
+    assert len(where) == np_ - 1, result.stderr
+    assert result.stderr.count('peer_leaves.py", line') >= np_ - 1, result.stderr
 
 
 @pytest.mark.parametrize("np_", [2, 3])

@@ -159,13 +159,17 @@ static void pump_collectives(EngineObject *e) {
         if (r->done) continue;
         if (r->nelem == 0) { finish(e, r, STATUS_OK); continue; }
         if (r->blocking) {   /* MPI's blocking allreduce: no libnbc progress rounds */
+            e->in_mpi = "MPI_Allreduce";
             int rc = MPI_Allreduce(MPI_IN_PLACE, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), e->coll);
+            e->in_mpi = NULL;
             if (rc != MPI_SUCCESS) fail_run(e, r, "MPI_Allreduce", rc);
             else finish(e, r, STATUS_OK);
             continue;
         }
         MPI_Request req;
+        e->in_mpi = "MPI_Iallreduce";
         int rc = MPI_Iallreduce(MPI_IN_PLACE, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), e->coll, &req);
+        e->in_mpi = NULL;
         if (rc != MPI_SUCCESS) { fail_run(e, r, "MPI_Iallreduce", rc); continue; }
         if (add_request(e, req, r, OWNER_COLLECTIVE) < 0) fail_run(e, r, "out of memory", MPI_SUCCESS);
     }
@@ -280,8 +284,10 @@ void fail_run(EngineObject *e, run_t *r, const char *what, int rc) {
 
 void post_wake(EngineObject *e) {
     MPI_Request req;
-    if (MPI_Irecv(&e->wake_byte, 1, MPI_BYTE, e->rank, 0, e->wake, &req) == MPI_SUCCESS)
-        add_request(e, req, NULL, OWNER_WAKE);
+    e->in_mpi = "posting the wake-up receive";
+    int rc = MPI_Irecv(&e->wake_byte, 1, MPI_BYTE, e->rank, 0, e->wake, &req);
+    e->in_mpi = NULL;
+    if (rc == MPI_SUCCESS) add_request(e, req, NULL, OWNER_WAKE);
 }
 
 void post_goodbye(EngineObject *e) {
@@ -365,8 +371,10 @@ void progress(EngineObject *e, int block, run_t *until) {
             if (until) snprintf(e->fatal, sizeof e->fatal, "internal error: an allreduce is in flight with nothing posted");
             break;
         }
+        e->in_mpi = block ? "MPI_Waitsome" : "MPI_Testsome";
         int n = 0, rc = block ? MPI_Waitsome(e->nreqs, e->reqs, &n, e->index, e->statuses)
                               : MPI_Testsome(e->nreqs, e->reqs, &n, e->index, e->statuses);
+        e->in_mpi = NULL;
         if (rc != MPI_SUCCESS) {
             char msg[MPI_MAX_ERROR_STRING];
             int len = 0;

@@ -93,6 +93,10 @@ typedef struct {
     size_t pool_bytes[POOL_SLOTS];
     char wake_byte, wake_send;
     char fatal[256];
+    /* for the stall report, read from other threads: the MPI call the executor is inside
+       (NULL: none), and the wake-up sends other threads have in progress */
+    const char *volatile in_mpi;
+    volatile int wakes_sending;
 } EngineObject;
 
 /* executor.c */
@@ -121,7 +125,9 @@ int check_peer(EngineObject *e, run_t *r);   /* the rank the check's current ste
 #define POST(e, r, step, call)                                          \
     do {                                                                \
         MPI_Request req_;                                               \
+        (e)->in_mpi = "posting a send or receive";                      \
         int rc_ = (call);                                               \
+        (e)->in_mpi = NULL;                                             \
         if (rc_ != MPI_SUCCESS) { fail_run(e, r, #call, rc_); return; } \
         if (add_request(e, req_, r, step) < 0) { fail_run(e, r, "out of memory", MPI_SUCCESS); return; } \
     } while (0)

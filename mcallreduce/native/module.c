@@ -261,7 +261,9 @@ static PyObject *Engine_wake(EngineObject *self, PyObject *noargs) {
     if (self->wake_on) {
         int rc;
         Py_BEGIN_ALLOW_THREADS
+        __atomic_add_fetch(&self->wakes_sending, 1, __ATOMIC_SEQ_CST);
         rc = MPI_Send(&self->wake_send, 1, MPI_BYTE, self->rank, 0, self->wake);
+        __atomic_sub_fetch(&self->wakes_sending, 1, __ATOMIC_SEQ_CST);
         Py_END_ALLOW_THREADS
         if (rc != MPI_SUCCESS) { PyErr_SetString(PyExc_RuntimeError, "mcallreduce: wake-up send failed"); return NULL; }
     }
@@ -314,6 +316,14 @@ static PyObject *Engine_waiting_on(EngineObject *self, PyObject *args) {
     return Py_BuildValue("(si)", "queued", -1);
 }
 
+/* activity() -> (mpi_call, wakes_sending, requests): for the stall report, from any thread
+   (a snapshot): the MPI call the executor is inside or None, the wake-up sends in progress,
+   the requests it has posted. */
+static PyObject *Engine_activity(EngineObject *self, PyObject *noargs) {
+    const char *in_mpi = self->in_mpi;
+    return Py_BuildValue("(zii)", in_mpi, self->wakes_sending, self->nreqs);
+}
+
 /* abort(reason): from any thread, fail every call in flight (the stall limit); a blocked
    progress() is woken to do it. */
 static PyObject *Engine_abort(EngineObject *self, PyObject *args) {
@@ -336,6 +346,7 @@ static PyMethodDef Engine_methods[] = {
     {"enable_goodbye", (PyCFunction)Engine_enable_goodbye, METH_VARARGS, "enable_goodbye(comm_f)"},
     {"goodbye", (PyCFunction)Engine_goodbye, METH_NOARGS, "goodbye(): tell the peers this rank leaves"},
     {"waiting_on", (PyCFunction)Engine_waiting_on, METH_VARARGS, "waiting_on(seq) -> (what, peer)"},
+    {"activity", (PyCFunction)Engine_activity, METH_NOARGS, "activity() -> (mpi_call or None, wakes_sending, requests)"},
     {"abort", (PyCFunction)Engine_abort, METH_VARARGS, "abort(reason): fail every call in flight (then wake())"},
     {NULL}
 };
