@@ -10,9 +10,11 @@ shared-memory stage. This module only decides *when* it runs:
   call in flight, so ranks that wait in different orders cannot deadlock each other;
 * a background progress thread (:meth:`Engine.start_thread`, used by the Horovod plugin
   to overlap communication with the backward pass): new calls are queued, and an event
-  plus a one-byte message to self wake the thread (the message gets it out of
-  ``MPI_Waitsome``). With nothing in flight the thread sleeps on that event instead of
-  waiting in MPI, whose progress loop polls a core that the backward pass could use.
+  plus a generalized request that every wait includes wake the thread (completing the
+  request gets it out of ``MPI_Waitsome`` without a message, so the thread that submits
+  does no point-to-point MPI beside the thread that progresses). With nothing in flight the
+  thread sleeps on that event instead of waiting in MPI, whose progress loop polls a core
+  that the backward pass could use.
 
 Every call's metadata check is the same recursive doubling of the vector on every rank
 (native/check.c), whatever the call: ranks that disagree about a call (one within the
@@ -127,10 +129,10 @@ class Engine:
         self._stop = False
         self._kick = threading.Event()   # new work or stop, for the progress thread
         self.blocking: Optional[Tuple[int, float, int]] = None   # run_if_idle's (seq, since, bytes)
-        # a one-byte message to self wakes a waiting executor (new work, stop, the stall limit);
+        # a generalized request wakes a waiting executor (new work, stop, the stall limit);
         # a peer's goodbye fails the calls it will never take part in
-        self._wake_comm, self._bye_comm = ctx.comm.Dup(), ctx.comm.Dup()
-        self.native.enable_wake(self._wake_comm.py2f())
+        self._bye_comm = ctx.comm.Dup()
+        self.native.enable_wake()
         self.native.enable_goodbye(self._bye_comm.py2f())
         self.inspector = StallInspector.start(self)
         self._closed = False

@@ -5,7 +5,12 @@ mpirun jobs that later tests start from that process then inherit its environmen
 can fail without a word (the cluster's duplex job did). Test modules import only the
 pure parts of mcallreduce; jobs run their MPI code under mpirun.
 """
+import os
 import sys
+
+# A call that hangs in a test job fails after 4 minutes, with the stall report's stacks,
+# instead of waiting for the job's timeout (tests that check the stall machinery set their own).
+os.environ.setdefault("MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS", "240")
 
 
 def pytest_collection_finish(session):

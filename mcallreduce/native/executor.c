@@ -72,8 +72,8 @@ static void post_sync(EngineObject *e, run_t *r) {
     r->pending = 2 * (e->size - 1);
     for (int q = 0; q < e->size; q++) {
         if (q == e->rank) continue;
-        POST(e, r, OWNER_SYNC, MPI_Irecv(&e->wake_byte, 0, MPI_BYTE, q, r->tag0 + e->sync_tag, e->comm, &req_));
-        POST(e, r, OWNER_SYNC, MPI_Isend(&e->wake_send, 0, MPI_BYTE, q, r->tag0 + e->sync_tag, e->comm, &req_));
+        POST(e, r, OWNER_SYNC, MPI_Irecv(&e->sync_recv, 0, MPI_BYTE, q, r->tag0 + e->sync_tag, e->comm, &req_));
+        POST(e, r, OWNER_SYNC, MPI_Isend(&e->sync_send, 0, MPI_BYTE, q, r->tag0 + e->sync_tag, e->comm, &req_));
     }
 }
 
@@ -282,12 +282,43 @@ void fail_run(EngineObject *e, run_t *r, const char *what, int rc) {
 
 /* ------------------------------------------------------------------ progress */
 
+/* The wake-up is a generalized request rather than a message to self: completing it touches
+   only the request and its waiter, never the matching engine or a transport, so the thread
+   that wakes the executor does no point-to-point MPI next to the one that progresses it. */
+static int wake_query(void *extra, MPI_Status *status) {
+    (void)extra;
+    MPI_Status_set_elements(status, MPI_BYTE, 0);
+    MPI_Status_set_cancelled(status, 0);
+    status->MPI_SOURCE = MPI_UNDEFINED;
+    status->MPI_TAG = MPI_UNDEFINED;
+    return MPI_SUCCESS;
+}
+
+static int wake_free(void *extra) { (void)extra; return MPI_SUCCESS; }
+
+static int wake_cancel(void *extra, int complete) { (void)extra; (void)complete; return MPI_SUCCESS; }
+
 void post_wake(EngineObject *e) {
     MPI_Request req;
-    e->in_mpi = "posting the wake-up receive";
-    int rc = MPI_Irecv(&e->wake_byte, 1, MPI_BYTE, e->rank, 0, e->wake, &req);
-    e->in_mpi = NULL;
-    if (rc == MPI_SUCCESS) add_request(e, req, NULL, OWNER_WAKE);
+    if (MPI_Grequest_start(wake_query, wake_free, wake_cancel, NULL, &req) != MPI_SUCCESS) return;
+    pthread_mutex_lock(&e->wake_lock);
+    e->wake_req = req;
+    e->wake_armed = 1;
+    pthread_mutex_unlock(&e->wake_lock);
+    add_request(e, req, NULL, OWNER_WAKE);
+}
+
+int wake(EngineObject *e) {
+    int rc = MPI_SUCCESS;
+    __atomic_add_fetch(&e->wakes_sending, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&e->wake_lock);
+    if (e->wake_armed) {   /* disarmed: a wake-up is on its way already, and covers this one */
+        e->wake_armed = 0;
+        rc = MPI_Grequest_complete(e->wake_req);
+    }
+    pthread_mutex_unlock(&e->wake_lock);
+    __atomic_sub_fetch(&e->wakes_sending, 1, __ATOMIC_SEQ_CST);
+    return rc;
 }
 
 void post_goodbye(EngineObject *e) {
@@ -363,7 +394,7 @@ static void completed(EngineObject *e, int n) {
 }
 
 /* Block (or test once) until `until` is done, or with until NULL until any run finishes or
-   the wake message arrives. Runs without the GIL. */
+   the wake-up completes. Runs without the GIL. */
 void progress(EngineObject *e, int block, run_t *until) {
     while (!(until && until->done)) {
         if (!until && e->nfinished) break;

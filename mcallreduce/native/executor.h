@@ -5,6 +5,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <mpi.h>
+#include <pthread.h>
 
 #include "kernels.h"
 
@@ -68,8 +69,13 @@ typedef struct run {
 
 typedef struct {
     PyObject_HEAD
-    MPI_Comm comm, ctl, coll, wake;
-    int rank, size, check_tag, sync_tag, wake_on, woken;
+    MPI_Comm comm, ctl, coll;
+    int rank, size, check_tag, sync_tag, woken;
+    /* the wake-up: a generalized request in every wait, which any thread completes (under
+       wake_lock, while armed) to make a blocked progress() return */
+    MPI_Request wake_req;
+    int wake_on, wake_armed;
+    pthread_mutex_t wake_lock;
     /* a peer's goodbye (its lowest unfinished call) and the calls it will never make */
     MPI_Comm bye;
     int bye_on, gone_rank, abort_requested;
@@ -91,10 +97,10 @@ typedef struct {
     int64_t slot_bytes;
     void *pool[POOL_SLOTS];
     size_t pool_bytes[POOL_SLOTS];
-    char wake_byte, wake_send;
+    char sync_recv, sync_send;   /* the zero-byte messages of the shared stage's sync 2 */
     char fatal[256];
     /* for the stall report, read from other threads: the MPI call the executor is inside
-       (NULL: none), and the wake-up sends other threads have in progress */
+       (NULL: none), and the wake-ups other threads have in progress */
     const char *volatile in_mpi;
     volatile int wakes_sending;
 } EngineObject;
@@ -113,6 +119,7 @@ PyObject *drain(EngineObject *e);                     /* finished runs, with the
 PyObject *outcome_payload(run_t *r);                  /* what Python raises for a finished run */
 void free_run(run_t *r);
 void post_wake(EngineObject *e);
+int wake(EngineObject *e);            /* from any thread: MPI_SUCCESS or the MPI error */
 void post_goodbye(EngineObject *e);
 void cancel_standing(EngineObject *e, int32_t owner);
 

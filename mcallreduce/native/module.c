@@ -132,6 +132,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
     MPI_Comm_size(self->comm, &self->size);
     self->win = MPI_WIN_NULL;
     self->gone_rank = -1;
+    pthread_mutex_init(&self->wake_lock, NULL);
     return 0;
 }
 
@@ -141,6 +142,7 @@ static void Engine_dealloc(EngineObject *self) {
     for (int i = 0; i < POOL_SLOTS; i++) free(self->pool[i]);
     free(self->reqs); free(self->owner_run); free(self->owner_step); free(self->index); free(self->statuses);
     free(self->runs);
+    pthread_mutex_destroy(&self->wake_lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -240,33 +242,28 @@ static PyObject *Engine_progress(EngineObject *self, PyObject *args) {
     return drain(self);
 }
 
-static PyObject *Engine_enable_wake(EngineObject *self, PyObject *args) {
-    long long wake;
-    if (!PyArg_ParseTuple(args, "L", &wake)) return NULL;
+static PyObject *Engine_enable_wake(EngineObject *self, PyObject *noargs) {
     if (self->wake_on) Py_RETURN_NONE;
-    self->wake = comm_of(wake);
     self->wake_on = 1;
     post_wake(self);
     Py_RETURN_NONE;
 }
 
 static PyObject *Engine_disable_wake(EngineObject *self, PyObject *noargs) {
+    if (!self->wake_on) Py_RETURN_NONE;
+    wake(self);   /* a generalized request is cancelled only once it is complete */
     cancel_standing(self, OWNER_WAKE);
     self->wake_on = 0;
     Py_RETURN_NONE;
 }
 
-/* Make a blocked progress() return: a one-byte eager send to ourselves (any thread). */
+/* Make a blocked progress() return (any thread). */
 static PyObject *Engine_wake(EngineObject *self, PyObject *noargs) {
-    if (self->wake_on) {
-        int rc;
-        Py_BEGIN_ALLOW_THREADS
-        __atomic_add_fetch(&self->wakes_sending, 1, __ATOMIC_SEQ_CST);
-        rc = MPI_Send(&self->wake_send, 1, MPI_BYTE, self->rank, 0, self->wake);
-        __atomic_sub_fetch(&self->wakes_sending, 1, __ATOMIC_SEQ_CST);
-        Py_END_ALLOW_THREADS
-        if (rc != MPI_SUCCESS) { PyErr_SetString(PyExc_RuntimeError, "mcallreduce: wake-up send failed"); return NULL; }
-    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = wake(self);
+    Py_END_ALLOW_THREADS
+    if (rc != MPI_SUCCESS) { PyErr_SetString(PyExc_RuntimeError, "mcallreduce: the wake-up failed"); return NULL; }
     Py_RETURN_NONE;
 }
 
@@ -317,8 +314,8 @@ static PyObject *Engine_waiting_on(EngineObject *self, PyObject *args) {
 }
 
 /* activity() -> (mpi_call, wakes_sending, requests): for the stall report, from any thread
-   (a snapshot): the MPI call the executor is inside or None, the wake-up sends in progress,
-   the requests it has posted. */
+   (a snapshot): the MPI call the executor is inside or None, the wake-ups in progress, the
+   requests it has posted. */
 static PyObject *Engine_activity(EngineObject *self, PyObject *noargs) {
     const char *in_mpi = self->in_mpi;
     return Py_BuildValue("(zii)", in_mpi, self->wakes_sending, self->nreqs);
@@ -340,8 +337,8 @@ static PyMethodDef Engine_methods[] = {
     {"progress", (PyCFunction)Engine_progress, METH_VARARGS,
      "progress(block, until=-1) -> finished runs; blocks until `until` is done, or any run finishes"},
     {"set_window", (PyCFunction)Engine_set_window, METH_VARARGS, "set_window(win_f, base_address, slot_bytes)"},
-    {"enable_wake", (PyCFunction)Engine_enable_wake, METH_VARARGS, "enable_wake(comm_f): post the wake receive"},
-    {"disable_wake", (PyCFunction)Engine_disable_wake, METH_NOARGS, "cancel the wake receive"},
+    {"enable_wake", (PyCFunction)Engine_enable_wake, METH_NOARGS, "enable_wake(): post the wake-up request"},
+    {"disable_wake", (PyCFunction)Engine_disable_wake, METH_NOARGS, "complete and forget the wake-up request"},
     {"wake", (PyCFunction)Engine_wake, METH_NOARGS, "make a blocked progress() return"},
     {"enable_goodbye", (PyCFunction)Engine_enable_goodbye, METH_VARARGS, "enable_goodbye(comm_f)"},
     {"goodbye", (PyCFunction)Engine_goodbye, METH_NOARGS, "goodbye(): tell the peers this rank leaves"},
