@@ -44,6 +44,7 @@ def network(variant: str) -> nn.Module:
 OPTIONS = {
     "plain": {}, "small_buckets": {"bucket_cap_mb": 0.002}, "bucket_view": {"gradient_as_bucket_view": True},
     "unused": {"find_unused_parameters": True}, "batchnorm": {}, "no_sync": {}, "rank1_differs": {},
+    "static_graph": {"static_graph": True}, "join": {},
 }
 
 
@@ -57,16 +58,26 @@ def train(variant: str, arm: str):
             ddp.register_comm_hook(None, mcallreduce.ddp.multicolor_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     data = torch.Generator().manual_seed(1000 + rank)
+    # uneven inputs: rank r stops 5 r steps early; the joined ranks run the hook on zeros, and
+    # the last to join broadcasts the final model
+    steps = STEPS - 5 * rank if variant == "join" else STEPS
 
-    for step in range(STEPS):
-        x, y = torch.randn(8, 16, generator=data), torch.randint(0, 4, (8,), generator=data)
-        if variant == "no_sync" and step % 2 == 0:
-            with ddp.no_sync():
-                nn.functional.cross_entropy(ddp(x), y).backward()
-            continue
-        nn.functional.cross_entropy(ddp(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    def loop():
+        for step in range(steps):
+            x, y = torch.randn(8, 16, generator=data), torch.randint(0, 4, (8,), generator=data)
+            if variant == "no_sync" and step % 2 == 0:
+                with ddp.no_sync():
+                    nn.functional.cross_entropy(ddp(x), y).backward()
+                continue
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    if variant == "join":
+        with ddp.join():
+            loop()
+    else:
+        loop()
 
     parameters = {name for name, _ in model.named_parameters()}
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, parameters
