@@ -48,7 +48,8 @@ def raises(exc_type, fn):
 @case
 def sum_matches_mpi_allreduce_all_lengths():
     for algorithm in ("multicolor", "ring", "doubling"):
-        for n in (0, 1, size - 1, size + 1, 17, 1000, 65537, (1 << 18) + 3):
+        # 16300 and 16384 float32: fused calls just under and at the fused limit (64 KiB)
+        for n in (0, 1, size - 1, size + 1, 17, 1000, 16300, 16384, 65537, (1 << 18) + 3):
             for dtype in (np.float32, np.int64):
                 x = data(n, dtype)
                 ref = x.copy()
@@ -181,6 +182,23 @@ def a_call_fused_with_its_check_and_a_larger_one_raise_everywhere():
     x = data(1000, np.float32)
     mcallreduce.allreduce(x, algorithm="doubling", prescale=0.5, postscale=4.0)   # still usable, fused
     assert np.array_equal(x, expected(1000, np.float32) * 2.0)
+
+
+@case
+def fused_calls_of_different_sizes_at_the_limit_raise_everywhere():
+    # 64 KiB (the fused limit, a check message over TCP's eager limit) against 32 KiB: every
+    # rank still takes the message the others send, raises, and leaves its buffer untouched
+    n = (16 << 10) if rank == size - 1 else (8 << 10)
+    buf = np.ones(n, np.float32)
+    assert "element count" in raises(MismatchError, lambda: mcallreduce.allreduce(buf, algorithm="doubling"))
+    assert np.all(buf == 1.0)
+    # several in flight at once, waited in a rank-dependent order, bitwise the exact sum
+    xs = [data(16 << 10, np.float32) + k for k in range(4)]
+    handles = [mcallreduce.allreduce_async(x, algorithm="doubling") for x in xs]
+    for h in (reversed(handles) if rank % 2 else handles):
+        h.wait()
+    for k, x in enumerate(xs):
+        assert np.array_equal(x, expected(16 << 10, np.float32) + k * size), k
 
 
 @case
