@@ -13,20 +13,20 @@ def run_cases(np_, env=None, cases=()):
     failed = re.findall(r"^FAIL .*$", result.stdout, re.M)
     assert not failed, "\n".join(failed) + "\n" + result.stderr[-3000:]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ran = re.search(r"^CASES (\d+)$", result.stdout, re.M)
+    assert ran and len(passed) == int(ran.group(1)), result.stdout[-3000:]   # every case reported
     return passed
 
 
 @pytest.mark.parametrize("np_", [2, 3, 4])
 def test_all_cases(np_):
-    passed = run_cases(np_)
-    assert len(passed) == 16, passed
+    run_cases(np_)
 
 
 def test_all_cases_without_the_shared_memory_stage():
     # one host runs multicolor through shared memory up to MCALLREDUCE_SHM_BYTES; this keeps
     # its point-to-point schedules (what the hierarchy does on every host of a cluster) covered
-    passed = run_cases(3, env={"MCALLREDUCE_SHM_BYTES": "0"})
-    assert len(passed) == 16, passed
+    run_cases(3, env={"MCALLREDUCE_SHM_BYTES": "0"})
 
 
 def test_hierarchical_two_virtual_hosts_of_two_ranks():

@@ -290,9 +290,13 @@ def split_communicator():
 
 
 def main(names):
-    """Rank 0 prints one line per case: PASS name ranks=N, or FAIL name rank=R: error."""
+    """Rank 0 prints how many cases run (CASES n), then one line per case: PASS name ranks=N,
+    or FAIL name rank=R: error. The exit status is 0 when every case passed on every rank."""
     failures = 0
-    for name in names or CASES:
+    names = names or list(CASES)
+    if rank == 0:
+        print(f"CASES {len(names)}", flush=True)
+    for name in names:
         try:
             CASES[name]()
             detail = None
