@@ -11,6 +11,9 @@ import sys
 # A call that hangs in a test job fails after 4 minutes, with the stall report's stacks,
 # instead of waiting for the job's timeout (tests that check the stall machinery set their own).
 os.environ.setdefault("MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS", "240")
+# A job's process that crashes prints every thread's Python stack (Open MPI keeps a handler
+# that is installed before MPI_Init, and prints its own C backtrace otherwise).
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 
 def pytest_collection_finish(session):

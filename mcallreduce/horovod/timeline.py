@@ -4,8 +4,10 @@
 FILE for its own calls and ours go beside it), makes every rank write
 ``<FILE stem>.mcallreduce.rank<r>.json`` at shutdown: one complete event per routed call
 (its tensor or bucket name, bytes, start and end), on two rows: the companion metadata
-allreduce and the data allreduces. What the engine does inside a call (check, reduce and
-broadcast per color) is not in it.
+allreduce and the data allreduces; and, from the engine's own timestamps, three more rows
+with each data allreduce's phases: queued (submitted, not yet started by the executor: the
+progress thread was busy), the metadata check, and the reduction (the schedule, MPI's
+allreduce or the shared-memory stage). The colors of a schedule are not told apart.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from typing import List, Optional, Sequence
 from .. import config
 
 __all__ = ["Timeline", "path_for"]
+
+_PHASES = ("queued", "check", "reduce")   # between the handle's four timestamps
 
 
 def path_for(rank: int, environ=None) -> Optional[str]:
@@ -34,10 +38,13 @@ class Timeline:
         self.path, self.rank = path, rank
         self.events: List[dict] = []
         self._lock = threading.Lock()
-        self._t0 = time.perf_counter()
+        self._t0 = time.monotonic()   # the engine's timestamps are on this clock too
 
     def _now_us(self) -> float:
-        return (time.perf_counter() - self._t0) * 1e6
+        return (time.monotonic() - self._t0) * 1e6
+
+    def _us(self, t: float) -> float:
+        return (t - self._t0) * 1e6
 
     def record(self, name: str, kind: str, check, parts: Sequence, nbytes: int) -> None:
         """One event for the metadata check, one for the data, each ending when its handles finish."""
@@ -45,15 +52,31 @@ class Timeline:
         for row, handles, what in ((0, [check], "metadata check"), (1, list(parts), kind)):
             pending = [len(handles)]
 
-            def done(_, row=row, what=what, pending=pending, n=len(handles)):
+            def done(_, row=row, what=what, handles=handles, pending=pending):
                 with self._lock:
                     pending[0] -= 1
-                    if pending[0] == 0:
-                        self.events.append({"name": name, "cat": what, "ph": "X", "ts": start,
-                                            "dur": self._now_us() - start, "pid": self.rank, "tid": row,
-                                            "args": {"bytes": nbytes if row else 0, "engine_calls": n}})
+                    if pending[0]:
+                        return
+                    # from the first submission on, so that the phases below fall inside
+                    begin = min([start] + [self._us(h.times[0]) for h in handles if h.times is not None])
+                    self.events.append({"name": name, "cat": what, "ph": "X", "ts": begin,
+                                        "dur": self._now_us() - begin, "pid": self.rank, "tid": row,
+                                        "args": {"bytes": nbytes if row else 0, "engine_calls": len(handles),
+                                                 "seqs": [h.seq for h in handles]}})
+                    if row:
+                        self._phases(name, handles)
             for handle in handles:
                 handle.add_done_callback(done)
+
+    def _phases(self, name: str, handles: Sequence) -> None:
+        """Each engine call's queued, check and reduction spans (rows 2-4); under the lock."""
+        for handle in handles:
+            if handle.times is None:     # failed before the executor started it
+                continue
+            for row, (phase, begin, end) in enumerate(zip(_PHASES, handle.times, handle.times[1:]), start=2):
+                self.events.append({"name": f"{name}: {phase}", "cat": phase, "ph": "X", "ts": self._us(begin),
+                                    "dur": max(0.0, (end - begin) * 1e6), "pid": self.rank, "tid": row,
+                                    "args": {"seq": handle.seq}})
 
     def write(self) -> None:
         """Write the events (atomically: a reader never sees half a file)."""
@@ -62,6 +85,8 @@ class Timeline:
         meta = [{"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": f"rank {self.rank}"}},
                 {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": 0, "args": {"name": "metadata check"}},
                 {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": 1, "args": {"name": "allreduce"}}]
+        meta += [{"name": "thread_name", "ph": "M", "pid": self.rank, "tid": row, "args": {"name": f"engine: {phase}"}}
+                 for row, phase in enumerate(_PHASES, start=2)]
         tmp = f"{self.path}.tmp"
         with open(tmp, "w") as f:
             json.dump({"traceEvents": meta + events, "displayTimeUnit": "ms"}, f)

@@ -14,9 +14,16 @@
  * interface; Python (mcallreduce/engine.py) serialises calls into an Engine: it is not
  * thread-safe on its own, but any one call may block in MPI with the GIL released.
  */
-#include <stdlib.h>
+#include "executor.h"   /* Python.h first: it sets the POSIX feature macros */
 
-#include "executor.h"
+#include <stdlib.h>
+#include <time.h>
+
+double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 
 
@@ -227,6 +234,7 @@ static void shm_next(EngineObject *e) {
 
 void checked(EngineObject *e, run_t *r) {
     r->meta_checked = 1;
+    r->t_checked = now_s();
     if (r->kind == KIND_CHECK_ONLY ||
         (r->check != CHECK_OFF && memcmp(r->meta, r->meta_out, sizeof(int64_t) * r->nmeta) != 0)) {
         finish(e, r, STATUS_MISMATCH);
@@ -257,6 +265,7 @@ void finish(EngineObject *e, run_t *r, int status) {
     if (r->done) return;
     r->done = 1;
     r->status = status;
+    r->t_done = now_s();
     if (status == STATUS_OK) scale_buffer(r->dtype, r->buf, r->nelem, r->post);
     if (r->scratch) { pool_give(e, r->scratch, r->scratch_bytes); r->scratch = NULL; }
     if (r->crecv && !r->inflight) {   /* a receive still posted (a failed run) keeps its buffer */
@@ -434,7 +443,8 @@ PyObject *outcome_payload(run_t *r) {
     return Py_NewRef(Py_None);
 }
 
-/* The finished runs as [(seq, status, payload)], removed from the engine (needs the GIL). */
+/* The finished runs as [(seq, status, payload, (started, checked, done))], removed from the
+   engine (needs the GIL). */
 PyObject *drain(EngineObject *e) {
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
@@ -442,7 +452,8 @@ PyObject *drain(EngineObject *e) {
         run_t *r = e->runs[i];
         if (!r->done || (r->inflight && !r->abandoned)) { i++; continue; }
         PyObject *payload = outcome_payload(r);
-        PyObject *item = payload ? Py_BuildValue("(LiN)", r->seq, r->status, payload) : NULL;
+        PyObject *item = payload ? Py_BuildValue("(LiN(ddd))", r->seq, r->status, payload, r->t_start,
+                                                 r->meta_checked ? r->t_checked : r->t_done, r->t_done) : NULL;
         if (!item || PyList_Append(out, item) < 0) { Py_XDECREF(item); Py_DECREF(out); return NULL; }
         Py_DECREF(item);
         e->nfinished--;
@@ -461,6 +472,7 @@ PyObject *drain(EngineObject *e) {
 
 /* Start a submitted run: its check (which leads to its body), in call order where it queues. */
 void start_run(EngineObject *e, run_t *r) {
+    r->t_start = now_s();
     if (e->gone_rank >= 0 && r->seq >= e->gone_seq) {
         left_before(r->error, sizeof r->error, e->gone_rank);
         finish(e, r, STATUS_ERROR);

@@ -64,6 +64,7 @@ typedef struct run {
     char *cmine, *crecv;
     size_t cmine_bytes;
     struct run *next;           /* in the collective or shared-memory queue */
+    double t_start, t_checked, t_done;   /* CLOCK_MONOTONIC seconds (Python's time.monotonic) */
     char error[200];
 } run_t;
 
@@ -106,6 +107,7 @@ typedef struct {
 } EngineObject;
 
 /* executor.c */
+double now_s(void);   /* CLOCK_MONOTONIC, in seconds */
 void *pool_take(EngineObject *e, size_t bytes);   /* buffers that recur (scratch, check) */
 void pool_give(EngineObject *e, void *p, size_t bytes);
 int add_request(EngineObject *e, MPI_Request req, run_t *r, int32_t step);

@@ -105,3 +105,12 @@ def test_routed_calls_are_in_a_chrome_trace_on_every_rank(tmp_path):
         assert all(e["dur"] >= 0 and e["pid"] == rank for e in events)
         assert any(e["cat"] == "gradient bucket" for e in data) and any(e["args"]["bytes"] == 4000 for e in data)
         assert len([e for e in events if e["tid"] == 0]) == len(data)   # one metadata check per call
+        # each data allreduce's engine phases, in order, inside its span (1 us of rounding)
+        phases = {(e["args"]["seq"], e["cat"]): e for e in events if e["tid"] >= 2}
+        for e in data:
+            for seq in e["args"]["seqs"]:
+                spans = [phases[(seq, p)] for p in ("queued", "check", "reduce")]
+                assert spans[0]["ts"] >= e["ts"] - 1, (e, spans)
+                assert spans[-1]["ts"] + spans[-1]["dur"] <= e["ts"] + e["dur"] + 1, (e, spans)
+                for a, b in zip(spans, spans[1:]):
+                    assert abs(a["ts"] + a["dur"] - b["ts"]) <= 1, (a, b)
