@@ -131,7 +131,7 @@ class Engine:
         self._thread_lock = threading.Lock()
         self._stop = False
         self._kick = threading.Event()   # new work or stop, for the progress thread
-        self.blocking: Optional[Tuple[int, float, int]] = None   # run_if_idle's (seq, since, bytes)
+        self._windows = ctx.windows
         # a generalized request wakes a waiting executor (new work, stop, the stall limit);
         # a peer's goodbye fails the calls it will never take part in
         self._bye_comm = ctx.comm.Dup()
@@ -168,23 +168,21 @@ class Engine:
         handle, when nothing else is in flight and no progress thread owns the executor (that
         thread holds the lock for its whole life: never block on it). Returns whether it ran;
         raises the call's error."""
-        if not self.lock.acquire(blocking=False):
+        lock = self.lock
+        if not lock.acquire(False):
             return False
         try:
             if self._thread is not None or self.calls:
                 return False
             seq = next_seq()
-            self.blocking = (seq, time.monotonic(), buffer.nbytes)
-            try:
-                status, payload = self.native.submit(seq, (seq % self.ctx.windows) * TAG_SPAN, True, template,
-                                                     buffer, prescale)
-            finally:
-                self.blocking = None
+            status, payload = self.native.submit(seq, (seq % self._windows) * TAG_SPAN, True, template, buffer,
+                                                 prescale)
         finally:
-            self.lock.release()
-        error = None if status == _executor.STATUS_OK else self._outcome(status, payload, on_mismatch, None)
-        if error is not None:
-            raise error
+            lock.release()
+        if status:   # not STATUS_OK
+            error = self._outcome(status, payload, on_mismatch, None)
+            if error is not None:
+                raise error
         return True
 
     def _admit(self, call: _Call) -> None:
@@ -260,9 +258,9 @@ class Engine:
     def waiting(self) -> List[Tuple[int, float, Optional[str], int]]:
         """(seq, since, name, bytes) of every call in flight (any thread may ask)."""
         out = [(seq, c.since, c.handle.name, c.buffer.nbytes) for seq, c in list(self.calls.items())]
-        blocking = self.blocking
-        if blocking is not None:
-            out.append((blocking[0], blocking[1], None, blocking[2]))
+        waited = self.native.waited()   # run_if_idle's call, which has no handle
+        if waited is not None:
+            out.append((waited[0], waited[1], None, waited[2]))
         return out
 
     def fail_all(self, reason: str) -> None:

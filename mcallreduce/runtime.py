@@ -51,6 +51,9 @@ class Context:
         self.hosts = self._hosts(comm, config.ranks_per_host)
         # one host: multicolor's local stages through shared memory (mcallreduce/shared.py)
         self.shared = SharedWindow.create(self.comm, config.shm_bytes) if len(self.hosts) == 1 else None
+        # TAG_UB is an attribute of COMM_WORLD only (MPI-3.1 §8.1.2); Split comms lack it.
+        tag_ub = self.comm.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+        self.windows = max(1, (tag_ub + 1) // TAG_SPAN)   # allreduces in flight at most
         self.engine = Engine(self)
         self.closed = False
         atexit.register(self.close)   # before the window is freed and MPI finalized
@@ -61,9 +64,6 @@ class Context:
         self._bases: List[Config] = []        # the configs behind its keys' ids, kept alive
         self.submit_lock = threading.Lock()   # allreduces get their sequence number in call order
         self.next_seq = itertools.count().__next__   # atomic under the GIL, whichever lock is held
-        # TAG_UB is an attribute of COMM_WORLD only (MPI-3.1 §8.1.2); Split comms lack it.
-        tag_ub = self.comm.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
-        self.windows = max(1, (tag_ub + 1) // TAG_SPAN)
 
     @classmethod
     def get(cls, comm: Optional[MPI.Comm] = None) -> "Context":
@@ -282,7 +282,7 @@ def allreduce(buf: Any, op: str = "sum", prescale: float = 1.0, postscale: float
         ctx = Context._cache.get(0 if comm is None else comm.py2f()) or Context.get(comm)
         plan = ctx.calls.get((id(_config.current()), algorithm, check, buf.size, buf.dtype.char, op, prescale,
                               postscale))
-        if plan is not None and buf.flags.c_contiguous and buf.flags.writeable and \
+        if plan is not None and buf.flags.carray and \
                 ctx.engine.run_if_idle(ctx.next_seq, plan.template, buf, prescale, mismatch):
             return buf
     started = _submit(buf, op, prescale, postscale, comm, algorithm, out, check, overrides, True)

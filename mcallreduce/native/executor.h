@@ -91,6 +91,7 @@ typedef struct {
     int *index;
     int nreqs, cap;
     run_t **runs;               /* every run not yet drained */
+    run_t *waited;              /* the run submit(wait=True) is blocked on (read with the GIL) */
     int nruns, runs_cap, nfinished;
     run_t *coll_head, *coll_tail, *shm_head, *shm_tail;
     MPI_Win win;

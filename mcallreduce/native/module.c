@@ -197,10 +197,12 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssi
         self->runs = runs; self->runs_cap = cap;
     }
     self->runs[self->nruns++] = r;
+    if (wait) self->waited = r;   /* set and cleared while holding the GIL, as its readers do */
     Py_BEGIN_ALLOW_THREADS
     start_run(self, r);
     if (wait) progress(self, 1, r);
     Py_END_ALLOW_THREADS
+    self->waited = NULL;
     if (!wait) Py_RETURN_NONE;
     if (r->done && !r->inflight && self->nruns == 1 && !self->fatal[0]) {
         /* the waited call was alone: report it without building the drain's list */
@@ -321,6 +323,13 @@ static PyObject *Engine_activity(EngineObject *self, PyObject *noargs) {
     return Py_BuildValue("(zii)", in_mpi, self->wakes_sending, self->nreqs);
 }
 
+/* waited() -> (seq, started, bytes) of the call a submit(wait=True) is blocked on, or None. */
+static PyObject *Engine_waited(EngineObject *self, PyObject *noargs) {
+    run_t *r = self->waited;
+    if (!r) Py_RETURN_NONE;
+    return Py_BuildValue("(Ldn)", r->seq, r->t_start, r->view.len);
+}
+
 /* abort(reason): from any thread, fail every call in flight (the stall limit); a blocked
    progress() is woken to do it. */
 static PyObject *Engine_abort(EngineObject *self, PyObject *args) {
@@ -344,6 +353,7 @@ static PyMethodDef Engine_methods[] = {
     {"goodbye", (PyCFunction)Engine_goodbye, METH_NOARGS, "goodbye(): tell the peers this rank leaves"},
     {"waiting_on", (PyCFunction)Engine_waiting_on, METH_VARARGS, "waiting_on(seq) -> (what, peer)"},
     {"activity", (PyCFunction)Engine_activity, METH_NOARGS, "activity() -> (mpi_call or None, wakes_sending, requests)"},
+    {"waited", (PyCFunction)Engine_waited, METH_NOARGS, "waited() -> (seq, started, bytes) or None"},
     {"abort", (PyCFunction)Engine_abort, METH_VARARGS, "abort(reason): fail every call in flight (then wake())"},
     {NULL}
 };
