@@ -26,7 +26,7 @@ import numpy as np
 from ..algorithms import SCHEDULED
 from ..config import parse_size
 from . import mpit
-from .output import write_json
+from .output import pyplot, save_png, write_json
 
 ALGORITHMS = SCHEDULED + ("mpi", "mpi-ring")
 DEFAULT_ALGORITHMS = "multicolor,ring,mpi,mpi-ring"
@@ -178,11 +178,7 @@ def table(records: List[Dict]) -> str:
 
 
 def plot(records: List[Dict], path: str, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = pyplot().subplots(figsize=(7, 4.5))
     for algorithm in dict.fromkeys(r["algorithm"] for r in records):
         pts = sorted((r["size_bytes"], r["busbw_Bps"] / 1e9) for r in records
                      if r["algorithm"] == algorithm and "skipped" not in r)
@@ -194,10 +190,7 @@ def plot(records: List[Dict], path: str, title: str) -> None:
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    save_png(fig, path)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from mcallreduce import launch
+from mcallreduce.bench.output import write_text
 from mcallreduce.config import ConfigError, parse_rate
 
 __all__ = ["Cluster", "ClusterConfig", "ClusterError", "parse_rate", "tbf_options", "main"]
@@ -107,12 +108,6 @@ def root_namespace_networks() -> list[ipaddress.IPv4Network]:
     out = sh("ip", "-o", "-4", "addr", "show").stdout
     return [ipaddress.ip_interface(line.split()[3]).network for line in out.splitlines() if line.strip()]
 
-
-def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- configuration
@@ -243,7 +238,7 @@ class Cluster:
                 self._ensure_nic(self.host_ns(host), self.host_port(host, rail), f"eth{rail}",
                                  self.bridge(rail), cfg.host_address(host, rail), tbf)
         self._write_agent(cfg)
-        write_atomically(self.state_path, json.dumps(asdict(cfg), indent=1) + "\n")
+        write_text(self.state_path, json.dumps(asdict(cfg), indent=1) + "\n", mode=0o644)
         say(f"up: done; mpirun runs in {self.head_ns} ({cfg.head_address()})")
         return cfg
 
@@ -291,7 +286,7 @@ esac
 exec ip netns exec "$ns" unshare --uts /bin/sh -c \
   'echo "$0" > /proc/sys/kernel/hostname && exec /bin/sh -c "$1"' "$ns" "$*"
 """
-        write_atomically(self.agent_path, script, mode=0o755)
+        write_text(self.agent_path, script, mode=0o755)
 
     def down(self) -> list[str]:
         """Remove every namespace, link (and so qdisc) named ``<prefix>-*``, and the state."""

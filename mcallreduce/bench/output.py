@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Optional
 
 
 def pyplot():
@@ -22,9 +23,17 @@ def save_png(fig, path, dpi: int = 110) -> None:
     pyplot().close(fig)
 
 
-def write_json(path, payload) -> None:
-    """``payload`` as indented JSON at ``path`` (a str or a Path), through a temporary file."""
+def write_text(path, text: str, mode: Optional[int] = None) -> None:
+    """``text`` at ``path`` (a str or a Path) through a temporary file; ``mode``: its permissions."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(f"{path}.tmp", "w") as f:
-        json.dump(payload, f, indent=1)
-    os.replace(f"{path}.tmp", path)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    if mode is not None:
+        os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def write_json(path, payload, indent: Optional[int] = 1) -> None:
+    """``payload`` as JSON at ``path`` (a str or a Path), through a temporary file."""
+    write_text(path, json.dumps(payload, indent=indent))

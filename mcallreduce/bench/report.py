@@ -29,7 +29,7 @@ import numpy as np
 from ..algorithms import Params
 from ..sim.model import link_bytes_per_s
 from .allreduce import human
-from .output import write_json
+from .output import save_png, write_json, write_text
 
 REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
@@ -256,9 +256,7 @@ def plots(setups: List[Dict], pts: List[Dict], paper_rows: List[Dict], img: Path
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("busbw (MB/s); dotted: raw TCP")
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(img / "busbw.png", dpi=100)
-    plt.close(fig)
+    save_png(fig, img / "busbw.png", dpi=100)
     made.append("busbw.png")
 
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.8), squeeze=False)
@@ -274,9 +272,7 @@ def plots(setups: List[Dict], pts: List[Dict], paper_rows: List[Dict], img: Path
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("time (ms)")
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(img / "latency.png", dpi=100)
-    plt.close(fig)
+    save_png(fig, img / "latency.png", dpi=100)
     made.append("latency.png")
 
     fig, ax = plt.subplots(figsize=(5.5, 5))
@@ -294,9 +290,7 @@ def plots(setups: List[Dict], pts: List[Dict], paper_rows: List[Dict], img: Path
     ax.set_ylabel("predicted (s); band: +-15 %")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(img / "model-vs-measured.png", dpi=100)
-    plt.close(fig)
+    save_png(fig, img / "model-vs-measured.png", dpi=100)
     made.append("model-vs-measured.png")
 
     if paper_rows:
@@ -312,9 +306,7 @@ def plots(setups: List[Dict], pts: List[Dict], paper_rows: List[Dict], img: Path
         ax.set_ylabel("predicted ms per 25 MiB bucket")
         ax.set_title("paper scale: EDR IB + NVLink, 4 GPUs/host (model)")
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(img / "paper-scale.png", dpi=100)
-        plt.close(fig)
+        save_png(fig, img / "paper-scale.png", dpi=100)
         made.append("paper-scale.png")
     return made
 
@@ -567,10 +559,7 @@ def splice(path: Path, section: str) -> None:
         text = head + section.rstrip("\n") + tail
     else:
         text = text.rstrip("\n") + "\n\n" + section
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text(path, text)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

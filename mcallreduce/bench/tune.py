@@ -15,8 +15,6 @@ written as JSON (``--out``, default docs/data/tuning.json), the file
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -25,6 +23,7 @@ from ..config import parse_size
 from ..sim.model import paper
 from ..sim.tuner import TUNING_FILE, default_model, load_calibration, table
 from .allreduce import human
+from .output import write_json
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
 
@@ -66,11 +65,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sys.stdout.flush()
     if ns.out != "-":
         out = Path(ns.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"model": ns.model, "calibration": cal, "models": models,
-                                   "tables": tables}, indent=1))
-        os.replace(tmp, out)
+        write_json(out, {"model": ns.model, "calibration": cal, "models": models, "tables": tables})
         print(f"# wrote {out}", file=sys.stderr)
     return 0
 

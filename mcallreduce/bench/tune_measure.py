@@ -13,7 +13,6 @@ tuner or Open MPI's dynamic rules pick an algorithm by size. Rows are per layout
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ import numpy as np
 
 from ..config import parse_size
 from .allreduce import human
+from .output import write_json
 
 #: (name, algorithm, overrides): the built-in choice, larger segments (which fast links may
 #: prefer to the eager-sized ones the built-in rules use across hosts), and the others
@@ -100,9 +100,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         table = {"measured": True, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                  "mpi": MPI.Get_library_version().split("\n")[0].strip(), "argv": sys.argv,
                  "tables": {layout: rows}}
-        tmp = ns.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(table, f, indent=1)
-        os.replace(tmp, ns.out)
+        write_json(ns.out, table)
         print(f"# wrote {ns.out} ({layout})", file=sys.stderr)
     return 0

@@ -28,6 +28,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..bench.output import pyplot, save_png, write_json, write_text
 from .throttle import ReadThrottle, drop_page_cache, parse_read_limits
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -275,8 +276,7 @@ def memory_worker(args) -> int:
             "share_bytes": int(store.blob_bytes), "segment_bytes": int(store.segment.size)}
     everyone = comm.gather(mine, root=0)
     if comm.rank == 0:
-        with open(os.path.join(args.out, f"memory-np{comm.size}.json"), "w") as f:
-            json.dump(everyone, f)
+        write_json(os.path.join(args.out, f"memory-np{comm.size}.json"), everyone, indent=None)
     return 0
 
 
@@ -337,8 +337,8 @@ def run(args) -> int:
         store.close()
         table = "\n".join([f"`{command}`", ""] + format_decode_table(d))
         print(table)
-        with open(os.path.join(args.out, "decode.json"), "w") as f:
-            json.dump({"command": command, "cpus": os.cpu_count(), "decode_per_core": d}, f, indent=1)
+        write_json(os.path.join(args.out, "decode.json"),
+                   {"command": command, "cpus": os.cpu_count(), "decode_per_core": d})
         print(f"wrote {args.out}/decode.json", file=sys.stderr)
         return 0
     limits = parse_read_limits(args.cold_read_limits)
@@ -379,10 +379,8 @@ def run(args) -> int:
         results[f"ratio_memory_vs_cold_{x['key']}"] = mem / results[f"folder_cold_{x['key']}"]["images_per_s"]
     table = format_table(results)
     print(table)
-    with open(os.path.join(args.out, "bench.md"), "w") as f:
-        f.write(table + "\n")
-    with open(os.path.join(args.out, "bench.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    write_text(os.path.join(args.out, "bench.md"), table + "\n")
+    write_json(os.path.join(args.out, "bench.json"), results)
     plot(results, os.path.join(args.out, "bench.png"))
     print(f"wrote {args.out}/bench.md, bench.json, bench.png", file=sys.stderr)
     return 0
@@ -428,9 +426,7 @@ def source_names(r: dict) -> List[tuple]:
 
 def plot(r: dict, path: str) -> None:
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         print("matplotlib missing: no plot", file=sys.stderr)
         return
@@ -454,5 +450,4 @@ def plot(r: dict, path: str) -> None:
         axes[1].set_xticks(ranks)
         axes[1].legend()
         axes[1].set_title("one shared copy per host")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_png(fig, path, dpi=100)
