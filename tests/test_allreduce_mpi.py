@@ -58,6 +58,14 @@ def test_a_stalled_call_is_reported_and_a_rank_that_leaves_makes_the_others_rais
     assert result.stderr.count('peer_leaves.py", line') >= np_ - 1, result.stderr
 
 
+@pytest.mark.parametrize("np_, mode", [(2, "caller"), (2, "thread"), (3, "caller")])
+def test_past_the_stall_shutdown_time_a_call_fails_instead_of_waiting(np_, mode):
+    env = {"MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS": "2", "MCALLREDUCE_STALL_CHECK_TIME_SECONDS": "1"}
+    result = mpi_script(np_, "stall_shutdown.py", mode, env=env, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert result.stdout.count("failed after") == np_ - 1, result.stdout
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_a_rank_that_finished_and_left_mpi_does_not_hold_up_its_peers(np_):
     result = mpi_script(np_, "peer_idles.py", timeout=120)
