@@ -104,7 +104,6 @@ def _activate(hvd, comm_arg) -> None:
         runtime.start_progress_thread(comm)
     atexit.register(_stop_progress)   # runs before Horovod's atexit shutdown (registered earlier)
     ROUTER.comm = comm
-    ROUTER.exit_comm = ours.Dup()
     path = timeline.path_for(ctx.rank)
     ROUTER.timeline = timeline.Timeline(path, ctx.rank) if path else None
     ROUTER.active = True
@@ -119,8 +118,9 @@ def _stop_progress() -> None:
 
     Horovod's shutdown on one rank makes every rank's Horovod thread finalize MPI, whatever
     else that process is doing, and MPI must not be finalized under a running progress
-    thread or an open shared-memory window: so every rank stops both, and the ranks barrier
-    before any lets Horovod shut down (docs/horovod.md).
+    thread, an open shared-memory window or a call of ours still returning: so every rank
+    stops both, then the ranks meet in Horovod's own barrier, which Horovod's thread runs
+    before it can finalize, while this thread waits outside MPI (docs/horovod.md).
     """
     if not ROUTER.active:
         return
@@ -135,4 +135,6 @@ def _stop_progress() -> None:
     # before the barrier: MPI_Finalize frees a window still open with a barrier that a rank
     # which already exited never joins
     ctx.release_shared()   # collective: every rank is here
-    ROUTER.exit_comm.Barrier()
+    # Not an MPI barrier of ours: a rank could still be returning from it when a faster peer's
+    # shutdown makes this rank's Horovod thread finalize MPI (a segfault at exit).
+    sys.modules["horovod.torch"].barrier()

@@ -166,7 +166,6 @@ class Router:
         self.active = False
         self.route_all = False     # False: only op=MultiColor calls (op-only mode)
         self.comm = None           # the mpi4py communicator of Horovod's global process set
-        self.exit_comm = None      # for the barrier before Horovod shuts down (patch._stop_progress)
         self.lock = threading.RLock()   # a metadata check and its data start back to back
         self.inflight: Dict[int, Routed] = {}
         self.timeline = None       # a horovod.timeline.Timeline when one is asked for
