@@ -131,7 +131,6 @@ class Engine:
         self._thread_lock = threading.Lock()
         self._stop = False
         self._kick = threading.Event()   # new work or stop, for the progress thread
-        self._windows = ctx.windows
         # a generalized request wakes a waiting executor (new work, stop, the stall limit);
         # a peer's goodbye fails the calls it will never take part in
         self._bye_comm = ctx.comm.Dup()
@@ -175,7 +174,7 @@ class Engine:
             if self._thread is not None or self.calls:
                 return False
             seq = next_seq()
-            status, payload = self.native.submit(seq, (seq % self._windows) * TAG_SPAN, True, template, buffer,
+            status, payload = self.native.submit(seq, (seq % self.ctx.windows) * TAG_SPAN, True, template, buffer,
                                                  prescale)
         finally:
             lock.release()

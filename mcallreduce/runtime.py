@@ -220,7 +220,7 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
     arr = buf
     # The common call (a contiguous 1-D numpy array, in place, no overrides) finds its plan in
     # one lookup: a 4 KiB allreduce is a few microseconds, and Python is most of them.
-    if type(buf) is np.ndarray and out is None and not overrides and buf.flags.c_contiguous and buf.flags.writeable:
+    if type(buf) is np.ndarray and out is None and not overrides and buf.flags.carray:   # as allreduce()'s check
         key = (id(base), algorithm, check, buf.size, buf.dtype.char, op, prescale, postscale)
         plan = ctx.calls.get(key)
     else:
