@@ -34,3 +34,23 @@ def test_bench_time_budget_keeps_at_least_min_iters(tmp_path):
             timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert {rec["iters"] for rec in json.loads(out.read_text())["records"]} == {4}
+
+
+def test_bench_help_lists_every_subcommand():
+    import subprocess
+    from mcallreduce.bench import __main__ as entry
+    r = subprocess.run([sys.executable, "-m", "mcallreduce.bench", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert {"tune", "report"} <= set(entry.COMMANDS)
+    for name in entry.COMMANDS:
+        assert f"mcallreduce.bench {name} " in r.stdout
+
+
+def test_the_reports_stock_horovod_arm_times_every_size():
+    r = run(2, [sys.executable, "-m", "mcallreduce.bench.report.horovod_rank", "4096,65536", "0", "0.05", "3"],
+            timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("HOROVOD "))
+    records = json.loads(line[len("HOROVOD "):])
+    assert [rec["size_bytes"] for rec in records] == [4096, 65536]
+    assert all(rec["ranks"] == 2 and rec["time_s"] > 0 for rec in records)

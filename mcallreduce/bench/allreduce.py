@@ -41,7 +41,9 @@ def human(nbytes: int) -> str:
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    from . import __main__ as entry   # its docstring lists the subcommands
     ap = argparse.ArgumentParser(prog="python -m mcallreduce.bench", description=__doc__,
+                                 epilog="subcommands (each has its own --help):\n" + entry.SUBCOMMANDS,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma-separated byte sizes (default {DEFAULT_SIZES})")
     ap.add_argument("--algorithms", default=DEFAULT_ALGORITHMS,

@@ -1,241 +1,24 @@
-"""``python -m mcallreduce.bench report``: measure on the emulated cluster, model, write docs.
-
-    sudo .venv/bin/python -m mcallreduce.bench report            # measure + model + docs (~15 min)
-    .venv/bin/python -m mcallreduce.bench report --skip-measure  # re-model and re-write from docs/data
-
-Steps: for every setup (hosts x ranks per host, default 4x2, 4x1, 8x1, 8x2) bring the
-emulated cluster up (prefix ``mcrep``), calibrate the model on the first setup
-(:mod:`mcallreduce.sim.calibrate`), run ``python -m mcallreduce.bench`` over all ranks
-with multicolor, ring, mpi and mpi-ring (and stock Horovod through horovod.torch when
-it is installed), then take the cluster down. Then predict every measured point with
-the model, check the issue's goals, predict the paper's scale, and write PNG plots
-(docs/img/), raw JSON (docs/data/) and the section of docs/benchmarks.md between
-``<!-- report:begin -->`` and ``<!-- report:end -->`` (the rest of the file is kept).
-"""
+"""The report's output: PNG plots and the markdown section of docs/benchmarks.md."""
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 import os
 import platform
-import sys
-import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List
 
 import numpy as np
 
-from ..algorithms import Params
-from ..sim.model import link_bytes_per_s
-from .allreduce import human
-from .output import save_png, write_json, write_text
+from ...sim.model import link_bytes_per_s
+from ..allreduce import human
+from ..output import save_png, write_text
+from .measure import ALGOS
+from .model import BUCKET_BYTES, lookup
 
-REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
-ALGOS = ("multicolor", "ring", "mpi", "mpi-ring")
 COLORS = {"multicolor": "C0", "ring": "C1", "mpi": "C2", "mpi-ring": "C3", "horovod": "C4"}
-RESNET50_BYTES = 25_557_032 * 4       # ResNet-50 fp32 gradients (~102 MB)
-BUCKET_BYTES = 25 << 20               # PyTorch DDP's default bucket (25 MiB)
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m mcallreduce.bench report", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--setups", default="4x2,4x1,8x1,8x2", help="HOSTSxRANKS_PER_HOST, comma-separated")
-    ap.add_argument("--sizes", default="4K,64K,1M,8M,32M")
-    ap.add_argument("--big", default="128M", help="extra sizes for the first 1-rank-per-host 4-host setup ('' = none)")
-    ap.add_argument("--rate", default="200mbit")
-    ap.add_argument("--prefix", default="mcrep", help="cluster name prefix (default %(default)s)")
-    ap.add_argument("--iters", type=int, default=0,
-                    help="timed iterations per size; 0 (default): about --seconds per (size, algorithm), "
-                         "at least --min-iters (small sizes get up to 200: their medians need them)")
-    ap.add_argument("--seconds", type=float, default=1.0)
-    ap.add_argument("--min-iters", type=int, default=5,
-                    help="with --iters 0, at least this many per size (default 5: the 32 MiB goals "
-                         "are ratios of medians, and 3 calls of ~2 s moved them by 5-10 %%)")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--skip-measure", action="store_true", help="only model and write, from the saved JSON")
-    ap.add_argument("--latency-only", action="store_true",
-                    help="re-run only the calibration and the per-setup barrier, keep the sweep's JSON")
-    ap.add_argument("--skip-paper", action="store_true", help="no paper-scale predictions (slow: ~2 min)")
-    ap.add_argument("--docs", default=str(REPO / "docs"))
-    ns = ap.parse_args(argv)
-    ns.setups = [tuple(int(x) for x in s.split("x")) for s in ns.setups.split(",") if s]
-    return ns
-
-
-# ---------------------------------------------------------------- measuring
-def setup_name(hosts: int, rph: int) -> str:
-    return f"{hosts}h{rph}r"
-
-
-def measure(ns: argparse.Namespace, data: Path) -> None:
-    from .cluster import Cluster
-    from ..sim.calibrate import fit, run_barrier, run_calibration
-
-    py = sys.executable
-    env = {"PYTHONPATH": str(REPO)}
-    cluster = Cluster(ns.prefix)
-    log = []
-    try:
-        calibrated = False
-        big_done = False
-        for hosts, rph in ns.setups:
-            t0 = time.time()
-            cluster.up(hosts, rate=ns.rate, ranks_per_host=rph)
-            if not calibrated:
-                raw = run_calibration(cluster, python=py, env=env)
-                cal = fit(raw, link_bytes_per_s(ns.rate))
-                write_json(data / "calibration.json", {"setup": setup_name(hosts, rph), "rate": ns.rate,
-                                                       "raw": raw, "fit": cal})
-                calibrated = True
-            barrier = run_barrier(cluster, python=py, env=env)
-            if ns.latency_only:
-                f = data / f"bench-{setup_name(hosts, rph)}.json"
-                doc = json.loads(f.read_text())
-                doc["barrier"] = barrier
-                write_json(f, doc)
-                continue
-            runs = [ns.sizes]
-            if ns.big and rph == 1 and hosts == 4 and not big_done:
-                runs.append(ns.big)
-                big_done = True
-            records: List[Dict] = []
-            for k, sizes in enumerate(runs):
-                out = data / f"bench-{setup_name(hosts, rph)}{'-big' if k else ''}.json"
-                argv = [py, "-m", "mcallreduce.bench", "--sizes", sizes, "--algorithms", ",".join(ALGOS),
-                        "--warmup", str(0 if k else ns.warmup), "--iters", str(2 if k else ns.iters),
-                        "--seconds", str(ns.seconds), "--min-iters", str(ns.min_iters),
-                        "--json", str(out), "--quiet",
-                        "--label", f"emulated {hosts} hosts x {rph} ranks at {ns.rate}"]
-                proc = cluster.run(argv, env=env, timeout=1200)
-                if proc.returncode != 0:
-                    raise RuntimeError(f"bench failed on {setup_name(hosts, rph)}:\n{proc.stdout[-3000:]}\n"
-                                       f"{proc.stderr[-3000:]}")
-                records += json.loads(out.read_text())["records"]
-                out.unlink()
-            if importlib.util.find_spec("horovod") is not None:
-                records += measure_horovod(cluster, ns, env, data)
-            write_json(data / f"bench-{setup_name(hosts, rph)}.json",
-                       {"setup": setup_name(hosts, rph), "hosts": hosts, "ranks_per_host": rph,
-                        "rate": ns.rate, "cpus": os.cpu_count(), "barrier": barrier, "records": records})
-            log.append(f"{setup_name(hosts, rph)}: {time.time() - t0:.0f} s")
-            print(f"[report] {log[-1]}", file=sys.stderr, flush=True)
-    finally:
-        cluster.down()
-    if not ns.latency_only:
-        write_json(data / "sweep-log.json", {"log": log, "date": time.strftime("%Y-%m-%d %H:%M")})
-
-
-HOROVOD_RANK = r"""
-import json, sys, time
-import numpy as np, torch
-import horovod.torch as hvd
-hvd.init()
-out = []
-for size in [int(s) for s in sys.argv[1].split(",")]:
-    x = torch.ones(size // 4)
-    for _ in range(2):
-        hvd.allreduce(x, op=hvd.Sum)
-    iters = int(sys.argv[2])
-    if iters <= 0:   # about argv[3] seconds, at least argv[4], at most 200, agreed by all ranks
-        t0 = time.perf_counter(); hvd.allreduce(x, op=hvd.Sum); one = time.perf_counter() - t0
-        one = float(hvd.allreduce(torch.tensor([one]), op=hvd.Max)[0])
-        iters = int(min(200, max(int(sys.argv[4]), float(sys.argv[3]) / max(one, 1e-6))))
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter(); hvd.allreduce(x, op=hvd.Sum); ts.append(time.perf_counter() - t0)
-    t = float(np.median(hvd.allreduce(torch.tensor(ts), op=hvd.Max).numpy()))
-    p = hvd.size()
-    out.append({"algorithm": "horovod", "size_bytes": size, "ranks": p, "time_s": t,
-                "algbw_Bps": size / t, "busbw_Bps": size / t * 2 * (p - 1) / p, "correct": True})
-if hvd.rank() == 0:
-    print("HOROVOD " + json.dumps(out), flush=True)
-"""
-
-
-def measure_horovod(cluster, ns, env, data: Path) -> List[Dict]:
-    from ..config import parse_size
-    script = data / "_horovod_rank.py"
-    script.write_text(HOROVOD_RANK)
-    sizes = ",".join(str(parse_size(s)) for s in ns.sizes.split(","))
-    try:
-        argv = [sys.executable, str(script), sizes, str(ns.iters), str(ns.seconds), str(ns.min_iters)]
-        proc = cluster.run(argv, env=env, timeout=900)
-    finally:
-        script.unlink()
-    for line in proc.stdout.splitlines():
-        if line.startswith("HOROVOD "):
-            return json.loads(line[8:])
-    print(f"[report] horovod run failed ({proc.returncode}): {proc.stderr[-500:]}", file=sys.stderr)
-    return []
-
-
-# ---------------------------------------------------------------- modelling
-def setup_model(s: Dict, cal: Optional[Dict]):
-    """The emulated model of one setup: calibrated constants, and the per-round latency
-    its own barrier measured while all its ranks ran (the 2 shared cores' scheduling delay).
-
-    The ranks share the machine's cores (``cpus`` of the sweep; 2 here) as polling processes
-    (``emulated``'s default, ``polling``): the engine's own CPU work per step (``overhead``,
-    Python) then runs at cores / ranks of a core. The barrier's latency does not contain that work (a barrier round
-    is a few microseconds of C), so the two are not the same delay counted twice."""
-    from ..sim.calibrate import loaded_alpha
-    from ..sim.model import emulated
-    m = emulated(s["hosts"], s["ranks_per_host"], rate=s["rate"], calibration=cal,
-                 cores=s.get("cpus", os.cpu_count()))   # sweeps saved before "cpus" ran here
-    b = s.get("barrier")
-    if b:
-        a = loaded_alpha(b["barrier_s"], b["ranks"])
-        m = m.with_(alpha=max(m.alpha, a), intra_alpha=max(m.intra_alpha, a))
-    return m
-
-
-def model_points(setups: List[Dict], cal: Dict) -> List[Dict]:
-    from ..sim.predict import predict, runtime_params
-    pts = []
-    for s in setups:
-        model = setup_model(s, cal)
-        for r in s["records"]:
-            if "skipped" in r or r["algorithm"] not in ALGOS + ("horovod",):
-                continue
-            pred = predict(r["algorithm"], model, r["size_bytes"])
-            params = (runtime_params(r["algorithm"], model, r["size_bytes"]).__dict__
-                      if r["algorithm"] in ("multicolor", "ring") else None)
-            pts.append({"setup": s["setup"], "algorithm": r["algorithm"], "size_bytes": r["size_bytes"],
-                        "measured_s": r["time_s"], "predicted_s": pred,
-                        "error": (pred - r["time_s"]) / r["time_s"], "params": params})
-    return pts
-
-
-def paper_scale(sizes=(64 << 10, 1 << 20, BUCKET_BYTES)) -> List[Dict]:
-    from ..sim.model import paper
-    from ..sim.predict import predict
-    rows = []
-    for hosts in (32, 64):
-        for nics in (1, 2):
-            m = paper(hosts, nics)
-            for n in sizes:
-                seg = 256 << 10
-                ring = predict("ring", m, n, params=Params(segment=seg // 4 if n > 4 * seg else 0), check=False)
-                cands = {}
-                for k in ((1, 2) if n <= (64 << 10) else (2, 4, 8)):
-                    for sb in ((0,) if n <= (64 << 10) else (256 << 10, 1 << 20)):
-                        cands[(k, sb)] = predict("multicolor", m, n, params=Params(colors=k, segment=sb // 4,
-                                                                                    hierarchical=True), check=False)
-                (k, sb), t = min(cands.items(), key=lambda kv: kv[1])
-                rows.append({"hosts": hosts, "gpus": hosts * 4, "nics": nics, "size_bytes": n,
-                             "ring_s": ring, "multicolor_s": t, "colors": k, "segment_bytes": sb,
-                             "speedup": ring / t})
-    for row in rows:
-        if row["size_bytes"] == BUCKET_BYTES:   # ResNet-50: 4 buckets of 25 MiB (+ a 2.6 MB tail, ignored)
-            row["resnet50_ring_s"] = row["ring_s"] * RESNET50_BYTES / BUCKET_BYTES
-            row["resnet50_multicolor_s"] = row["multicolor_s"] * RESNET50_BYTES / BUCKET_BYTES
-    return rows
-
-
-# ---------------------------------------------------------------- plots
 def plots(setups: List[Dict], pts: List[Dict], paper_rows: List[Dict], img: Path) -> List[str]:
     import matplotlib
     matplotlib.use("Agg")
@@ -311,47 +94,9 @@ def plots(setups: List[Dict], pts: List[Dict], paper_rows: List[Dict], img: Path
     return made
 
 
-# ---------------------------------------------------------------- goals and markdown
-def lookup(setups: List[Dict], name: str, algo: str, size: int) -> Optional[Dict]:
-    for s in setups:
-        if s["setup"] == name:
-            for r in s["records"]:
-                if r["algorithm"] == algo and r["size_bytes"] == size and "skipped" not in r:
-                    return r
-    return None
-
-
-def goals(setups: List[Dict], rate_Bps: float) -> List[Tuple[str, str, str, bool]]:
-    """(goal, target, measured, met) per issue goal; three decimals, so that a figure
-    just under its target does not print as the target itself."""
-    out = []
-
-    def g(name, a, size):
-        return lookup(setups, name, a, size)
-    mc, mpi, oring = g("4h1r", "multicolor", 32 << 20), g("4h1r", "mpi", 32 << 20), g("4h1r", "mpi-ring", 32 << 20)
-    if mc and mpi and oring:
-        frac = mc["busbw_Bps"] / rate_Bps
-        out.append(("4 hosts, 32 MiB: multicolor busbw / link rate", ">= 0.90", f"{frac:.3f}", frac >= 0.9))
-        x = mpi["time_s"] / mc["time_s"]
-        out.append(("4 hosts, 32 MiB: multicolor vs MPI default", ">= 1.3x", f"{x:.3f}x", x >= 1.3))
-        x = oring["time_s"] / mc["time_s"]
-        out.append(("4 hosts, 32 MiB: multicolor vs Open MPI ring", ">= 1.1x", f"{x:.3f}x", x >= 1.1))
-    mc, ring = g("8h1r", "multicolor", 64 << 10), g("8h1r", "ring", 64 << 10)
-    if mc and ring:
-        x = mc["time_s"] / ring["time_s"]
-        out.append(("8 hosts, 64 KiB: multicolor time / ring time", "<= 0.5", f"{x:.3f}", x <= 0.5))
-    # the issue's goal is for 4 hosts (bound 1.17x); on 8 hosts the bound is 1.07x (see findings)
-    mc, ring = g("4h2r", "multicolor", 32 << 20), g("4h2r", "ring", 32 << 20)
-    if mc and ring:
-        x = ring["time_s"] / mc["time_s"]
-        out.append(("4 hosts x 2 ranks, 32 MiB: hierarchical multicolor vs flat ring", ">= 1.1x",
-                    f"{x:.3f}x", x >= 1.1))
-    return out
-
-
 def markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning) -> str:
     L = [BEGIN, "", "## Emulated cluster: measurements, cost model, paper-scale predictions", "",
-         "Generated by `python -m mcallreduce.bench report` (mcallreduce/bench/report.py); do not edit by hand "
+         "Generated by `python -m mcallreduce.bench report` (mcallreduce/bench/report/); do not edit by hand "
          "between the report markers. Raw JSON: `docs/data/`, plots: `docs/img/`, model: `docs/model.md`.", ""]
     log = {}
     try:
@@ -560,44 +305,3 @@ def splice(path: Path, section: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section
     write_text(path, text)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    ns = parse_args(argv)
-    docs = Path(ns.docs)
-    data, img = docs / "data", docs / "img"
-    if not ns.skip_measure:
-        measure(ns, data)
-    setups = []
-    for hosts, rph in ns.setups:
-        f = data / f"bench-{setup_name(hosts, rph)}.json"
-        if f.exists():
-            setups.append(json.loads(f.read_text()))
-    if not setups:
-        print("report: no measurements in docs/data (run without --skip-measure, as root)", file=sys.stderr)
-        return 2
-    cal_doc = json.loads((data / "calibration.json").read_text()) if (data / "calibration.json").exists() else {}
-    pts = model_points(setups, cal_doc.get("fit"))
-    write_json(data / "model-vs-measured.json", pts)
-    from ..sim.tuner import table
-    tuning = {}
-    for s in setups:
-        tuning[s["setup"]] = table(setup_model(s, cal_doc.get("fit")), [4 << 10, 64 << 10, 1 << 20, 8 << 20])
-    write_json(data / "tuning.json", {"calibration": cal_doc.get("fit"), "tables": tuning})
-    paper_rows = []
-    if not ns.skip_paper:
-        paper_rows = paper_scale()
-        write_json(data / "paper-scale.json", paper_rows)
-    elif (data / "paper-scale.json").exists():
-        paper_rows = json.loads((data / "paper-scale.json").read_text())
-    made = plots(setups, pts, paper_rows, img)
-    goal_rows = goals(setups, link_bytes_per_s(setups[0]["rate"]))
-    splice(docs / "benchmarks.md", markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning))
-    print(f"report: wrote {docs / 'benchmarks.md'} and {', '.join(made)}", file=sys.stderr)
-    for name, target, got, ok in goal_rows:
-        print(f"  {name}: {got} (target {target}) {'ok' if ok else 'NOT MET'}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
