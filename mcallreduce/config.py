@@ -42,9 +42,11 @@ its choices replace the built-in size table for every setting left on ``auto``.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Sequence
+
+from .errors import ConfigError
+from .units import parse_size
 
 __all__ = ["ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_size",
            "horovod_switch", "horovod_requested_by_startup_hook", "horovod_requested_by_import",
@@ -53,39 +55,6 @@ __all__ = ["ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_si
 #: every algorithm the runtime accepts; "mpi" is MPI_Allreduce itself (stock Horovod's CPU path).
 #: The first three are schedules (``algorithms.SCHEDULED``, checked equal by the tests).
 ALGORITHMS = ("multicolor", "ring", "doubling", "mpi")
-
-
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the variable and the allowed values."""
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(i?[bB])?\s*$")
-
-
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)?\s*$", re.IGNORECASE)
-
-
-def parse_rate(text: str, what: str = "rate") -> int:
-    """'200mbit' -> 200_000_000 bits/s (tc's units: k = 1000; 'bps' means bytes/s)."""
-    match = _RATE.match(str(text))
-    if not match:
-        raise ConfigError(f"{what}: bad rate {text!r}: use e.g. 200mbit, 1gbit, 500kbit")
-    number, scale, unit = match.groups()
-    bits = float(number) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[scale.lower()]
-    if (unit or "bit").lower() == "bps":
-        bits *= 8
-    if bits < 8_000:
-        raise ConfigError(f"{what}: rate {text!r} is below 8 kbit/s")
-    return int(bits)
-
-
-def parse_size(text: str, what: str = "size") -> int:
-    """'256K' -> 262144, '1M' -> 1048576, '1.5G', '4096' -> 4096 (binary units)."""
-    m = _SIZE.match(str(text))
-    if not m:
-        raise ConfigError(f"{what}: {text!r} is not a size (examples: 4096, 256K, 1M, 1.5G)")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
-    return int(float(m.group(1)) * scale) if "." in m.group(1) else int(m.group(1)) * scale
 
 
 def _integer(variable: str, value: Optional[str], low: int, auto: bool = True) -> Optional[int]:

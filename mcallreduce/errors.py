@@ -1,4 +1,8 @@
-"""Exceptions raised by mcallreduce (ConfigError lives in config.py with the variables)."""
+"""Exceptions raised by mcallreduce, one class per meaning."""
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the variable and the allowed values."""
 
 
 class MismatchError(ValueError):

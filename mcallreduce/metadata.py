@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import MismatchError
 
-__all__ = ["DTYPES", "DTYPE_CODE", "OP_CODE", "FIELDS", "REJECT_BUFFER", "REJECT_CONFIG", "vector", "mismatch"]
+__all__ = ["DTYPES", "DTYPE_CODE", "OP_CODE", "FIELDS", "REJECT_BUFFER", "REJECT_CONFIG", "VECTOR_BYTES", "vector", "mismatch"]
 
 #: supported element types (numpy names), in the executor's dtype codes (1, 2, ...)
 DTYPES = ("float16", "float32", "float64", "int32", "int64")
@@ -24,6 +24,8 @@ OP_CODE = {"sum": 1, "average": 2, "min": 3, "max": 4, "product": 5}
 FIELDS = ("element count", "dtype", "algorithm", "op", "colors", "segment", "fanout",
           "hierarchy", "pipeline depth", "shared-memory stage", "scale factors", "route")
 REJECT_BUFFER, REJECT_CONFIG = 1, 2
+#: bytes of the vector every rank sends: [reject, *FIELDS] and its negation, int64
+VECTOR_BYTES = 2 * (1 + len(FIELDS)) * 8
 _REJECT_REASONS = {REJECT_BUFFER: "unsupported buffer", REJECT_CONFIG: "invalid configuration"}
 
 

@@ -324,3 +324,10 @@ def test_report_from_saved_measurements(tmp_path):
     assert (tmp_path / "img" / "busbw.png").read_bytes()[:4] == b"\x89PNG"
     pts = json.loads((data / "model-vs-measured.json").read_text())
     assert len(pts) == len(recs) and all(p["predicted_s"] > 0 for p in pts)
+
+
+def test_the_modelled_check_is_the_runtimes_vector():
+    from mcallreduce import metadata
+    from mcallreduce.sim import predict
+    sent = metadata.vector(0, 0, (0,) * len(metadata.FIELDS))
+    assert predict.CHECK_BYTES == sent.nbytes == metadata.VECTOR_BYTES

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ..algorithms import SCHEDULED
-from ..config import parse_size
+from ..units import format_size, parse_size
 from . import mpit
 from .output import pyplot, save_png, write_json
 
@@ -32,12 +32,6 @@ ALGORITHMS = SCHEDULED + ("mpi", "mpi-ring")
 DEFAULT_ALGORITHMS = "multicolor,ring,mpi,mpi-ring"
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"
 
-
-def human(nbytes: int) -> str:
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
-            return f"{nbytes >> shift}{unit}"
-    return str(nbytes)
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -168,11 +162,11 @@ def table(records: List[Dict]) -> str:
              f"{'busbw(GB/s)':>12} {'vs ring':>8} {'correct':>8}"]
     for r in records:
         if "skipped" in r:
-            lines.append(f"{human(r['size_bytes']):>8} {'':>11} {r['algorithm']:>11}   skipped: {r['skipped']}")
+            lines.append(f"{format_size(r['size_bytes']):>8} {'':>11} {r['algorithm']:>11}   skipped: {r['skipped']}")
             continue
         speed = ring.get(r["size_bytes"])
         vs = f"{speed / r['time_s']:.2f}x" if speed else "-"
-        lines.append(f"{human(r['size_bytes']):>8} {r['count']:>11} {r['algorithm']:>11} {r['time_s'] * 1e6:>11.1f} "
+        lines.append(f"{format_size(r['size_bytes']):>8} {r['count']:>11} {r['algorithm']:>11} {r['time_s'] * 1e6:>11.1f} "
                      f"{r['cpu_s'] * 1e6:>9.1f} "
                      f"{r['algbw_Bps'] / 1e9:>12.3f} {r['busbw_Bps'] / 1e9:>12.3f} {vs:>8} "
                      f"{'yes' if r['correct'] else 'FAIL':>8}")
@@ -210,7 +204,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     records: List[Dict] = []
     for i, size in enumerate(ns.sizes):
         if rank == 0 and not ns.quiet:  # progress (stderr keeps stdout a clean table)
-            print(f"[{i + 1}/{len(ns.sizes)}] {human(size)}: {', '.join(ns.algorithms)}", file=sys.stderr, flush=True)
+            print(f"[{i + 1}/{len(ns.sizes)}] {format_size(size)}: {', '.join(ns.algorithms)}", file=sys.stderr, flush=True)
         runnable = []
         for algorithm in ns.algorithms:
             why = run.available(algorithm, np.dtype(ns.dtype))

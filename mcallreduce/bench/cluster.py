@@ -37,7 +37,8 @@ from typing import Mapping, Optional, Sequence
 
 from mcallreduce import launch
 from mcallreduce.bench.output import write_text
-from mcallreduce.config import ConfigError, parse_rate
+from mcallreduce.errors import ConfigError
+from mcallreduce.units import parse_rate
 
 __all__ = ["Cluster", "ClusterConfig", "ClusterError", "parse_rate", "tbf_options", "main"]
 

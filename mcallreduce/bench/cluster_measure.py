@@ -25,7 +25,7 @@ import sys
 import time
 from typing import List, Optional, Sequence
 
-from ..config import parse_size  # the project's one size parser (8M, 64K, 1G)
+from ..units import parse_size  # the project's one size parser (8M, 64K, 1G)
 
 CHUNK = 1 << 20
 PORT = 5201

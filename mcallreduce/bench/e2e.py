@@ -32,7 +32,7 @@ import tempfile
 import threading
 from typing import Dict, List, Optional, Sequence
 
-from ..config import parse_size
+from ..units import parse_size
 from . import example, output
 from .output import write_json
 

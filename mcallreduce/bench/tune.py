@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..config import parse_size
+from ..units import parse_size
 from ..sim.model import paper
 from ..sim.tuner import TUNING_FILE, default_model, load_calibration, table
-from .allreduce import human
+from ..units import format_size
 from .output import write_json
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
@@ -59,7 +59,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"# {m.describe()}")
             print(f"{'size':>6} {'algorithm':>10} {'colors':>6} {'segment':>8} {'hier':>5} {'route':>5} {'pred ms':>9} {'ring ms':>9} {'vs ring':>8}")
             for row in rows:
-                print(f"{human(row['size_bytes']):>6} {row['algorithm']:>10} {row['colors']:>6} {human(row['segment_bytes']):>8} "
+                print(f"{format_size(row['size_bytes']):>6} {row['algorithm']:>10} {row['colors']:>6} {format_size(row['segment_bytes']):>8} "
                       f"{str(row['hierarchical'])[0]:>5} {row['route']:>5} {row['predicted_s'] * 1e3:>9.3f} "
                       f"{row['ring_predicted_s'] * 1e3:>9.3f} {row['speedup_vs_ring']:>7.2f}x")
             sys.stdout.flush()

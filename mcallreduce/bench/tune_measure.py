@@ -20,8 +20,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..config import parse_size
-from .allreduce import human
+from ..units import parse_size
+from ..units import format_size
 from .output import write_json
 
 #: (name, algorithm, overrides): the built-in choice, larger segments (which fast links may
@@ -76,7 +76,7 @@ def measure(sizes: Sequence[int], seconds: float, min_iters: int) -> List[Dict]:
                      "shared": p.shared, "measured_s": times})
         if comm.Get_rank() == 0:
             cells = "  ".join(f"{n} {t * 1e6:9.1f}" for n, t in times.items())
-            print(f"{human(size):>6}  {cells}  -> {best}", flush=True)
+            print(f"{format_size(size):>6}  {cells}  -> {best}", flush=True)
     return rows
 
 

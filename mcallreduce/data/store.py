@@ -22,6 +22,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ..config import data as config
+from ..units import format_bytes
 from . import world as world_mod
 from .format import StoreFile, read_ranges, scan_image_folder
 from .partition import owner_of_samples
@@ -36,13 +37,6 @@ class MemoryBudgetError(MemoryError):
 class StoreCorruptError(ValueError):
     """Loaded bytes do not match the checksums written by ``pack``."""
 
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
-        n /= 1024
-    return str(n)
 
 
 def available_memory() -> Tuple[int, str]:
@@ -77,8 +71,8 @@ def check_memory_budget(needed: int, what: str, suggestion: str) -> None:
     usable = int(available * config.memory_fraction())
     if needed > usable:
         raise MemoryBudgetError(
-            f"mcallreduce.data: {what} needs {_human(needed)} ({needed:,} bytes) but only {_human(usable)} "
-            f"may be used on this host ({config.memory_fraction():.0%} of {_human(available)} available, "
+            f"mcallreduce.data: {what} needs {format_bytes(needed)} ({needed:,} bytes) but only {format_bytes(usable)} "
+            f"may be used on this host ({config.memory_fraction():.0%} of {format_bytes(available)} available, "
             f"limited by {source}). {suggestion}")
 
 
@@ -172,7 +166,7 @@ class ImageStore:
                         partition = "split"
                 needed = (full_bytes if partition == "full" or hosts == 1 else share_bytes) + index_bytes
                 what = (f"the image store ({'a full copy' if partition == 'full' else f'host {host} share of 1/{hosts}'}"
-                        f" of {_human(full_bytes)} of images, plus a {_human(index_bytes)} index)")
+                        f" of {format_bytes(full_bytes)} of images, plus a {format_bytes(index_bytes)} index)")
                 check_memory_budget(needed, what,
                                     "Run on more hosts (each holds its share), use partition='split' if you asked "
                                     "for 'full', or raise MCALLREDUCE_DATA_MEMORY_LIMIT / _MEMORY_FRACTION.")

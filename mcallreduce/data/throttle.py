@@ -26,7 +26,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import List, Optional
 
-from ..config import ConfigError, parse_size
+from ..errors import ConfigError
+from ..units import parse_size
 
 __all__ = ["LoopDisk", "ReadLimit", "ReadThrottle", "ThrottleError", "block_device", "drop_page_cache",
            "parse_read_limits"]

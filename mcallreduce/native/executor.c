@@ -199,6 +199,11 @@ static void shm_publish(EngineObject *e, run_t *r) {
     start_check(e, r);
 }
 
+/* Rank q's copy of the data at byte `off`: this rank's own color is read from its buffer. */
+static const char *shm_source(EngineObject *e, run_t *r, int q, size_t off) {
+    return (q == e->rank && r->pre == 1.0) ? r->buf + off : area(e, q) + off;
+}
+
 /* Step 2: fold color `rank` of every rank's data, in rank order, into the result area. */
 static void shm_reduce(EngineObject *e, run_t *r) {
     MPI_Win_sync(e->win);
@@ -206,11 +211,9 @@ static void shm_reduce(EngineObject *e, run_t *r) {
     color_range(r->nelem, e->size, e->rank, &lo, &count);
     size_t off = (size_t)(lo * r->isz), bytes = (size_t)(count * r->isz);
     char *out = area(e, e->size) + off;
-    for (int q = 0; q < e->size; q++) {
-        const char *src = (q == e->rank && r->pre == 1.0) ? r->buf + off : area(e, q) + off;
-        if (q == 0) memcpy(out, src, bytes);
-        else reduce_into(r->dtype, r->op, out, src, count, 0);
-    }
+    if (e->size == 1) memcpy(out, shm_source(e, r, 0, off), bytes);
+    else combine_into(r->dtype, r->op, out, shm_source(e, r, 0, off), shm_source(e, r, 1, off), count);
+    for (int q = 2; q < e->size; q++) reduce_into(r->dtype, r->op, out, shm_source(e, r, q, off), count, 0);
     MPI_Win_sync(e->win);
     post_sync(e, r);
 }

@@ -88,8 +88,27 @@ static inline uint16_t float_to_half(float f) {
         }                                                                                  \
     }
 
+/* out = op(a, b): the first step of a fold written straight to its destination, one pass
+   instead of a copy and a reduction. */
+#define DEFINE_COMBINE(NAME, T)                                                            \
+    static void NAME##_combine(int op, T *restrict o, const T *a, const T *b, int64_t n) { \
+        int64_t i;                                                                         \
+        switch (op) {                                                                      \
+        case OP_SUM: case OP_AVERAGE: for (i = 0; i < n; i++) o[i] = ADD(a[i], b[i]); break; \
+        case OP_PRODUCT: for (i = 0; i < n; i++) o[i] = MUL(a[i], b[i]); break;            \
+        case OP_MIN: for (i = 0; i < n; i++) o[i] = KMIN(a[i], b[i]); break;               \
+        case OP_MAX: for (i = 0; i < n; i++) o[i] = KMAX(a[i], b[i]); break;               \
+        }                                                                                  \
+    }
+
 #define ADD(a, b) ((a) + (b))
 #define MUL(a, b) ((a) * (b))
+DEFINE_COMBINE(f32, float)
+DEFINE_COMBINE(f64, double)
+DEFINE_COMBINE(u32, uint32_t)
+DEFINE_COMBINE(u64, uint64_t)
+DEFINE_COMBINE(s32, int32_t)
+DEFINE_COMBINE(s64, int64_t)
 DEFINE_LOOPS(f32, float)
 DEFINE_LOOPS(f64, double)
 #undef ADD
@@ -129,6 +148,36 @@ static void reduce_into(int dtype, int op, void *dst, const void *src, int64_t n
     case DT_I64:
         if (op == OP_MIN || op == OP_MAX) s64_reduce(op, dst, src, n, left);
         else u64_reduce(op, dst, src, n, left);
+        break;
+    }
+}
+
+static void f16_combine(int op, uint16_t *restrict o, const uint16_t *a, const uint16_t *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float x = half_to_float(a[i]), y = half_to_float(b[i]), r;
+        switch (op) {
+        case OP_PRODUCT: r = x * y; break;
+        case OP_MIN: r = KMIN(x, y); break;
+        case OP_MAX: r = KMAX(x, y); break;
+        default: r = x + y;
+        }
+        o[i] = float_to_half(r);
+    }
+}
+
+/* out = op(a, b) over n elements; out overlaps neither operand. */
+static void combine_into(int dtype, int op, void *out, const void *a, const void *b, int64_t n) {
+    switch (dtype) {
+    case DT_F16: f16_combine(op, out, a, b, n); break;
+    case DT_F32: f32_combine(op, out, a, b, n); break;
+    case DT_F64: f64_combine(op, out, a, b, n); break;
+    case DT_I32:
+        if (op == OP_MIN || op == OP_MAX) s32_combine(op, out, a, b, n);
+        else u32_combine(op, out, a, b, n);
+        break;
+    case DT_I64:
+        if (op == OP_MIN || op == OP_MAX) s64_combine(op, out, a, b, n);
+        else u64_combine(op, out, a, b, n);
         break;
     }
 }

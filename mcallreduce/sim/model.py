@@ -41,7 +41,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional
 
-from ..config import EAGER_HEADER_BYTES, EAGER_LIMIT_BYTES, parse_rate
+from ..config import EAGER_HEADER_BYTES, EAGER_LIMIT_BYTES
+from ..units import parse_rate
 
 __all__ = ["ClusterModel", "emulated", "link_bytes_per_s", "paper"]
 

@@ -3,8 +3,8 @@
 ``predict(algorithm, model, nbytes)``: "multicolor" and "ring" resolve their parameters
 with :func:`mcallreduce.policy.resolve` (as the runtime does for an environment without
 ``MCALLREDUCE_*`` overrides) unless ``params`` is given, build the runtime's schedule
-and play it; with ``check`` (the runtime's default) the metadata check, a 176-byte
-MPI_Iallreduce before the schedule starts, is added. "mpi" is Open MPI 4.1's default
+and play it; with ``check`` (the runtime's default) the metadata check, an
+MPI_Iallreduce of :data:`mcallreduce.metadata.VECTOR_BYTES` before the schedule starts, is added. "mpi" is Open MPI 4.1's default
 decision (see :mod:`.mpi_models`), "mpi-ring" its ring (algorithm 4); "horovod" is
 stock Horovod's CPU path, which is MPI_Allreduce on the fused buffer: "mpi".
 """
@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Optional, Tuple
 
 from ..algorithms import SCHEDULED, Params, build_schedule
+from ..metadata import VECTOR_BYTES
 from ..schedule import Schedule
 from .model import ClusterModel
 from .mpi_models import ompi_schedule
@@ -22,7 +23,7 @@ from .simulate import simulate
 __all__ = ["ALGORITHMS", "predict", "schedule_for", "runtime_params", "CHECK_BYTES"]
 
 ALGORITHMS = SCHEDULED + ("mpi", "mpi-ring", "horovod")
-CHECK_BYTES = 26 * 8   # the runtime's metadata vector: 13 int64 fields and their negations
+CHECK_BYTES = VECTOR_BYTES
 
 
 def runtime_params(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4) -> Params:

@@ -7,7 +7,6 @@ import json
 import sys
 import zlib
 
-import numpy as np
 from mpi4py import MPI
 
 from mcallreduce.data import (ImageStore, InMemoryDistributedSampler, InMemoryImageFolder, MemoryBudgetError,
@@ -64,7 +63,6 @@ def corrupt(path):
 
 
 def exchange(path):
-    import torch
     from torch.utils.data import DistributedSampler
     store = ImageStore.open(path)
     crcs = StoreFile(path).crcs

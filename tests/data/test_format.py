@@ -1,7 +1,6 @@
 """Packing an ImageFolder tree into a store file, and reading it back."""
 import os
 import subprocess
-import sys
 
 import pytest
 

@@ -5,8 +5,6 @@ import json
 import os
 import sys
 
-import pytest
-
 from data_helpers import PYTHON
 from mcallreduce.launch import run
 

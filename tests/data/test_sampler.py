@@ -3,7 +3,6 @@ import itertools
 
 import numpy as np
 import pytest
-import torch
 from torch.utils.data import DistributedSampler
 
 from mcallreduce.data.partition import owner_of_samples

@@ -81,7 +81,7 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
 
 def measure_horovod(cluster, ns, env, data: Path) -> List[Dict]:
     """Stock Horovod's allreduce at the sweep's sizes (:mod:`.horovod_rank` on every rank)."""
-    from ...config import parse_size
+    from ...units import parse_size
     sizes = ",".join(str(parse_size(s)) for s in ns.sizes.split(","))
     argv = [sys.executable, "-m", "mcallreduce.bench.report.horovod_rank", sizes, str(ns.iters), str(ns.seconds),
             str(ns.min_iters)]

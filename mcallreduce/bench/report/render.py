@@ -10,7 +10,7 @@ from typing import Dict, List
 import numpy as np
 
 from ...sim.model import link_bytes_per_s
-from ..allreduce import human
+from ...units import format_size
 from ..output import save_png, write_text
 from .measure import ALGOS
 from .model import BUCKET_BYTES, lookup
@@ -149,7 +149,7 @@ def markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning) -> s
             for a in algos:
                 r = lookup([s], s["setup"], a, size)
                 cells.append(f"{r['time_s'] * 1e3:.2f} ({r['busbw_Bps'] / 1e6:.1f})" if r else "-")
-            L.append(f"| {human(size)} | " + " | ".join(cells) + " |")
+            L.append(f"| {format_size(size)} | " + " | ".join(cells) + " |")
         L.append("")
     # model accuracy
     L += ["### Model vs measurement", "", "![model](img/model-vs-measured.png)", "",
@@ -192,7 +192,7 @@ def markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning) -> s
     L += ["", "Per point (predicted / measured ms):", "", "<details><summary>table</summary>", "",
           "| setup | algorithm | size | measured ms | predicted ms | error |", "|---|---|---|---|---|---|"]
     for p in pts:
-        L.append(f"| {p['setup']} | {p['algorithm']} | {human(p['size_bytes'])} | {p['measured_s'] * 1e3:.2f} | "
+        L.append(f"| {p['setup']} | {p['algorithm']} | {format_size(p['size_bytes'])} | {p['measured_s'] * 1e3:.2f} | "
                  f"{p['predicted_s'] * 1e3:.2f} | {p['error'] * 100:+.0f} % |")
     L += ["", "</details>", ""]
     if tuning:
@@ -201,8 +201,8 @@ def markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning) -> s
               "| vs ring |", "|---|---|---|---|---|---|---|---|---|---|"]
         for name, rows in tuning.items():
             for r in rows:
-                L.append(f"| {name} | {human(r['size_bytes'])} | {r.get('algorithm', 'multicolor')} | {r['colors']} | "
-                         f"{human(r['segment_bytes'])} | {r['hierarchical']} | {r.get('route', 'tree')} | "
+                L.append(f"| {name} | {format_size(r['size_bytes'])} | {r.get('algorithm', 'multicolor')} | {r['colors']} | "
+                         f"{format_size(r['segment_bytes'])} | {r['hierarchical']} | {r.get('route', 'tree')} | "
                          f"{r['predicted_s'] * 1e3:.2f} | {r['ring_predicted_s'] * 1e3:.2f} | "
                          f"{r['speedup_vs_ring']:.2f}x |")
         L.append("")
@@ -218,8 +218,8 @@ def markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning) -> s
         for r in paper_rows:
             res = (f"{r['resnet50_ring_s'] * 1e3:.1f} / {r['resnet50_multicolor_s'] * 1e3:.1f}"
                    if "resnet50_ring_s" in r else "")
-            L.append(f"| {r['gpus']} | {r['nics']} | {human(r['size_bytes'])} | {r['ring_s'] * 1e3:.3f} | "
-                     f"{r['multicolor_s'] * 1e3:.3f} | {r['colors']} | {human(r['segment_bytes'])} | "
+            L.append(f"| {r['gpus']} | {r['nics']} | {format_size(r['size_bytes'])} | {r['ring_s'] * 1e3:.3f} | "
+                     f"{r['multicolor_s'] * 1e3:.3f} | {r['colors']} | {format_size(r['segment_bytes'])} | "
                      f"{r['speedup']:.2f}x | {res} |")
         L.append("")
     L += [END]
