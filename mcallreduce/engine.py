@@ -50,7 +50,8 @@ MAX_SCHEDULE_TAGS = TAG_SPAN - 64                 # steps use CHECK_TAG - step (
 class Handle:
     """An allreduce in flight. ``test()`` progresses without blocking; ``wait()`` finishes it."""
 
-    __slots__ = ("result", "seq", "error", "name", "times", "_engine", "_done", "_event", "_callbacks")
+    __slots__ = ("result", "seq", "error", "name", "times", "color_times", "_engine", "_done", "_event",
+                 "_callbacks")
 
     def __init__(self, engine: "Engine", seq: int, result: Any):
         self.result, self.seq, self.error = result, seq, None
@@ -58,6 +59,9 @@ class Handle:
         # once finished: (submitted, started, checked, done), time.monotonic() seconds: queued in
         # Python until started, the metadata check until checked, then the reduction itself
         self.times: Optional[Tuple[float, float, float, float]] = None
+        # and per color that ran: (color, reduced, done), the ends of its reduction and of its
+        # broadcast on this rank (the shared-memory stage: this rank's own color)
+        self.color_times: List[Tuple[int, float, float]] = []
         self._engine, self._done = engine, False
         self._event = threading.Event() if engine.threaded else None   # only a thread signals
         self._callbacks: Optional[List[Callable[["Handle"], None]]] = None
@@ -205,11 +209,12 @@ class Engine:
         meta_out = np.frombuffer(payload, np.int64) if payload is not None else None
         return on_mismatch(meta_out, local_error)
 
-    def _report(self, finished: List[Tuple[int, int, Any, Tuple[float, float, float]]]) -> None:
-        for seq, status, payload, times in finished:
+    def _report(self, finished: List[Tuple[int, int, Any, Tuple[float, float, float], List]]) -> None:
+        for seq, status, payload, times, colors in finished:
             call = self.calls.pop(seq)
             self.windows_in_use.pop(seq % self.ctx.windows, None)
             call.handle.times = (call.since, *times)
+            call.handle.color_times = colors
             call.handle._finish(self._outcome(status, payload, call.on_mismatch, call.local_error))
 
     # ------------------------------------------------------------------ progress

@@ -4,8 +4,9 @@ A :class:`~mcallreduce.schedule.RankProgram` is a list of :class:`~mcallreduce.s
 objects; the executor (mcallreduce/native/executor.c) wants plain integers. ``lower``
 turns a program into
 
-* ``steps``: an ``(n, 8)`` int64 array, one row per step, in the columns of :data:`COLUMNS`
-  (``ndeps`` is the number of steps it waits for, ``incoming_left`` 0 or 1);
+* ``steps``: an ``(n, 10)`` int64 array, one row per step, in the columns of :data:`COLUMNS`
+  (``ndeps`` is the number of steps it waits for, ``incoming_left`` 0 or 1, ``color`` the
+  step's color, -1 for a done message, and ``phase`` that of :func:`phases`);
 * ``dep_ptr``, ``dependents``: the dependents of every step in CSR form, so step ``i``'s
   dependents are ``dependents[dep_ptr[i]:dep_ptr[i + 1]]``, in the order
   :attr:`RankProgram.dependents` lists them.
@@ -17,6 +18,8 @@ rendezvous get, queued when the shared-memory FIFO is full) that MPI sends only 
 rank is inside an MPI call; without the done messages it could return and leave a peer
 waiting until it next calls MPI (with DDP on gloo in between: never).
 
+The executor timestamps each color's phases with the last two columns, for the timeline.
+
 Plans lower once and keep the result (mcallreduce/runtime.py), as they keep the schedule.
 """
 from __future__ import annotations
@@ -27,9 +30,10 @@ import numpy as np
 
 from .schedule import Op, RankProgram, Step
 
-__all__ = ["COLUMNS", "Lowered", "lower", "with_done_messages"]
+__all__ = ["COLUMNS", "Lowered", "lower", "phases", "with_done_messages"]
 
-COLUMNS = ("op", "peer", "offset", "count", "scratch", "tag", "ndeps", "incoming_left")
+COLUMNS = ("op", "peer", "offset", "count", "scratch", "tag", "ndeps", "incoming_left", "color", "phase")
+REDUCING, BROADCASTING = 0, 1
 
 
 @dataclass(frozen=True)
@@ -54,11 +58,36 @@ def with_done_messages(program: RankProgram, done_tag: int) -> RankProgram:
     return RankProgram(program.rank, list(program.steps) + done, program.scratch_elems)
 
 
+def phases(program: RankProgram) -> list:
+    """Per step, whether it takes part in its color's reduction (REDUCING) or in handing out
+    the result (BROADCASTING), on this rank.
+
+    A receive into the buffer brings final values, so it and every step after it (by its
+    dependencies) broadcast; on a rank that receives no final values of a color (the color's
+    root), the sends after its last reduction of that color do. Everything else reduces.
+    """
+    steps = program.steps
+    final = [False] * len(steps)
+    for i, s in enumerate(steps):   # deps name earlier steps only
+        final[i] = s.op == Op.RECV or any(final[d] for d in s.deps)
+    receives = {s.color for s in steps if s.op == Op.RECV}
+    last_reduce = {}
+    for i, s in enumerate(steps):
+        if s.op == Op.REDUCE:
+            last_reduce[s.color] = i
+    return [BROADCASTING if final[i] or (s.op == Op.SEND and s.color not in receives
+                                         and i > last_reduce.get(s.color, len(steps))) else REDUCING
+            for i, s in enumerate(steps)]
+
+
 def lower(program: RankProgram, done_tag: int) -> Lowered:
     """The flat arrays of ``program`` and its done messages (see the module docstring)."""
+    own = len(program.steps)
+    phase = phases(program)
     program = with_done_messages(program, done_tag)
-    rows = [(int(s.op), s.peer, s.offset, s.count, s.scratch, s.tag, len(s.deps), int(s.incoming_left))
-            for s in program.steps]
+    rows = [(int(s.op), s.peer, s.offset, s.count, s.scratch, s.tag, len(s.deps), int(s.incoming_left),
+             s.color if i < own else -1, phase[i] if i < own else REDUCING)
+            for i, s in enumerate(program.steps)]
     steps = np.array(rows, dtype=np.int64).reshape(len(rows), len(COLUMNS))
     dependents = program.dependents
     dep_ptr = np.zeros(len(dependents) + 1, dtype=np.int64)

@@ -5,7 +5,7 @@ import pytest
 from mcallreduce.algorithms import Params, build_multicolor, build_ring, build_schedule
 from mcallreduce.algorithms.trees import color_trees
 from mcallreduce.executor import DeadlockError, execute
-from mcallreduce.lowering import COLUMNS, lower, with_done_messages
+from mcallreduce.lowering import BROADCASTING, COLUMNS, REDUCING, lower, phases, with_done_messages
 from mcallreduce.schedule import Builder, Op, Schedule, RankProgram, Step, check_schedule
 
 DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64]
@@ -76,9 +76,20 @@ def test_lowered_arrays_are_the_schedule_and_its_done_messages(p):
             low = lower(prog, done_tag)
             assert low.steps.dtype == np.int64 and low.steps.shape == (len(full.steps), len(COLUMNS))
             assert low.scratch_elems == prog.scratch_elems
+            phase = phases(prog) + [REDUCING] * len(extra)
+            # what the timeline's per-color phases rest on: final values arrive by receives into
+            # the buffer and are never reduced again; partial ones travel to scratch
+            for i, step in enumerate(prog.steps):
+                if step.op == Op.RECV:
+                    assert phase[i] == BROADCASTING, (name, params, hosts, n, i)
+                elif step.op in (Op.REDUCE, Op.RECV_SCRATCH):
+                    assert phase[i] == REDUCING, (name, params, hosts, n, i)
+                if phase[i] == REDUCING:
+                    assert all(phase[d] == REDUCING for d in step.deps), (name, params, hosts, n, i)
             for i, (row, step) in enumerate(zip(low.steps.tolist(), full.steps)):
+                color = step.color if i < len(prog.steps) else -1   # a done message has none
                 assert row == [int(step.op), step.peer, step.offset, step.count, step.scratch, step.tag,
-                               len(step.deps), int(step.incoming_left)], (name, params, hosts, n, i)
+                               len(step.deps), int(step.incoming_left), color, phase[i]], (name, params, hosts, n, i)
                 deps = low.dependents[low.dep_ptr[i]:low.dep_ptr[i + 1]].tolist()
                 assert deps == full.dependents[i], (name, params, hosts, n, i)
             assert low.dep_ptr[-1] == len(low.dependents) == sum(len(s.deps) for s in full.steps)

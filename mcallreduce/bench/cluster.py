@@ -39,6 +39,8 @@ from mcallreduce import launch
 from mcallreduce.bench.output import write_text
 from mcallreduce.errors import ConfigError
 from mcallreduce.units import parse_rate
+from mcallreduce.bench.netns import (ClusterError, links, namespaces, require_root, root_namespace_networks, say, sh,
+                                     tbf_options)
 
 __all__ = ["Cluster", "ClusterConfig", "ClusterError", "parse_rate", "tbf_options", "main"]
 
@@ -48,67 +50,6 @@ STATE_ROOT = Path("/run/mcallreduce-cluster")  # tmpfs: forgotten at reboot, lik
 HEAD_HOST_NUMBER = 254
 MAX_HOSTS = 253
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,6}$")  # keeps "<prefix>-h252r1" within 15 chars
-
-
-class ClusterError(RuntimeError):
-    """A cluster operation failed; the message says what to do about it."""
-
-
-def say(message: str) -> None:
-    print(f"[cluster] {message}", file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------- rates and tbf
-def tbf_options(rate_bits: int) -> list[str]:
-    """tc tbf arguments for ``rate_bits``.
-
-    burst: the bucket must hold what arrives between two timer ticks and a whole 64 KiB
-    GSO segment (veth does TSO), or tbf caps TCP well below the rate; 5 ms of rate, at least
-    128 KiB. limit (queue): 50 ms of rate, at least 1 MiB, so TCP bursts queue rather than
-    drop (veth has no delay, so a deeper queue costs latency only under load).
-    """
-    rate_bytes = rate_bits / 8
-    burst = max(int(rate_bytes * 0.005), 128 * 1024)
-    limit = burst + max(int(rate_bytes * 0.050), 1024 * 1024)
-    return ["rate", f"{rate_bits}bit", "burst", str(burst), "limit", str(limit)]
-
-
-# ---------------------------------------------------------------- shell helpers
-def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise ClusterError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc
-
-
-def require_root() -> None:
-    """Namespaces, veths, bridges and qdiscs all need CAP_NET_ADMIN: say so plainly."""
-    if os.geteuid() != 0:
-        raise ClusterError("the emulated cluster needs root (it creates network namespaces, "
-                           "veth pairs, bridges and tc qdiscs): run it as root, e.g. "
-                           "sudo .venv/bin/python -m mcallreduce.bench.cluster ...")
-    packages = {"ip": "iproute2", "tc": "iproute2", "unshare": "util-linux"}
-    missing = [tool for tool in packages if shutil.which(tool) is None]
-    if missing:
-        install = " ".join(sorted({packages[tool] for tool in missing}))
-        raise ClusterError(f"{', '.join(missing)} not found: apt-get install -y {install}")
-
-
-def namespaces() -> list[str]:
-    out = sh("ip", "netns", "list").stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def links(netns: Optional[str] = None) -> list[str]:
-    """Interface names ('eth0', not 'eth0@if12') in the root namespace or in ``netns``."""
-    out = sh("ip", *(("-n", netns) if netns else ()), "-o", "link", "show").stdout
-    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if line.strip()]
-
-
-def root_namespace_networks() -> list[ipaddress.IPv4Network]:
-    out = sh("ip", "-o", "-4", "addr", "show").stdout
-    return [ipaddress.ip_interface(line.split()[3]).network for line in out.splitlines() if line.strip()]
-
 
 
 # ---------------------------------------------------------------- configuration

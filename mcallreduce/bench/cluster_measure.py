@@ -25,7 +25,8 @@ import sys
 import time
 from typing import List, Optional, Sequence
 
-from ..units import parse_size  # the project's one size parser (8M, 64K, 1G)
+from ..units import parse_size
+from .netns import require_root, say
 
 CHUNK = 1 << 20
 PORT = 5201
@@ -90,7 +91,6 @@ def measure_tcp(cluster, src: int, dst: int, rail: int, seconds: float) -> float
 
 
 def check_main(cluster, seconds: float = 3.0) -> int:
-    from mcallreduce.bench.cluster import require_root, say
     require_root()
     cfg = cluster.config()
     if cfg is None or cfg.hosts < 2:
@@ -149,7 +149,6 @@ def measure_allreduce(cluster, sizes: Sequence[int], algorithm: str = "default",
 
 
 def allreduce_main(cluster, sizes: str, algorithm: str) -> int:
-    from mcallreduce.bench.cluster import require_root, say
     require_root()
     cfg = cluster.config()
     if cfg is None:
@@ -246,7 +245,6 @@ def pingpong_rank(nbytes: int, count: int) -> None:
 
 def _two_hosts(cluster):
     """The config of a cluster that is up with at least 2 hosts (as root), or None, said why."""
-    from mcallreduce.bench.cluster import require_root
     require_root()
     cfg = cluster.config()
     if cfg is None or cfg.hosts < 2:
@@ -268,7 +266,6 @@ def _rank_job(cluster, action: str, args: List[str], np: int) -> Optional[List[d
 
 def pingpong_main(cluster, size: str, count: int, np: Optional[int]) -> int:
     """``cluster pingpong``: host 0 <-> host 1 latency with the other ranks waiting vs sleeping."""
-    from mcallreduce.bench.cluster import say
     cfg = _two_hosts(cluster)
     if cfg is None:
         return 2
@@ -285,7 +282,6 @@ def pingpong_main(cluster, size: str, count: int, np: Optional[int]) -> int:
 
 def duplex_main(cluster, segments: str, total: str, window: int) -> int:
     """``cluster duplex``: one-way vs two-way MPI streams between host 0 and host 1."""
-    from mcallreduce.bench.cluster import say
     cfg = _two_hosts(cluster)
     if cfg is None:
         return 2

@@ -7,7 +7,10 @@ FILE for its own calls and ours go beside it), makes every rank write
 allreduce and the data allreduces; and, from the engine's own timestamps, three more rows
 with each data allreduce's phases: queued (submitted, not yet started by the executor: the
 progress thread was busy), the metadata check, and the reduction (the schedule, MPI's
-allreduce or the shared-memory stage). The colors of a schedule are not told apart.
+allreduce or the shared-memory stage); and one row per color, with the color's reduce phase
+(from the check's end until its last reducing step on this rank ended) and its broadcast
+phase (until its last step ended). The shared-memory stage shows the color this rank
+reduces; MPI's allreduce shows no colors.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from .. import config
 __all__ = ["Timeline", "path_for"]
 
 _PHASES = ("queued", "check", "reduce")   # between the handle's four timestamps
+_COLOR_ROW = 5                             # color c's row: _COLOR_ROW + c
 
 
 def path_for(rank: int, environ=None) -> Optional[str]:
@@ -39,6 +43,7 @@ class Timeline:
         self.events: List[dict] = []
         self._lock = threading.Lock()
         self._t0 = time.monotonic()   # the engine's timestamps are on this clock too
+        self._colors = set()
 
     def _now_us(self) -> float:
         return (time.monotonic() - self._t0) * 1e6
@@ -77,16 +82,27 @@ class Timeline:
                 self.events.append({"name": f"{name}: {phase}", "cat": phase, "ph": "X", "ts": self._us(begin),
                                     "dur": max(0.0, (end - begin) * 1e6), "pid": self.rank, "tid": row,
                                     "args": {"seq": handle.seq}})
+            body = handle.times[2]
+            for color, reduced, done in handle.color_times:
+                self._colors.add(color)
+                reduced = max(reduced, body)    # 0: the color had no reducing step here
+                for phase, begin, end in (("reduce", body, reduced), ("broadcast", reduced, done)):
+                    self.events.append({"name": f"{name}: color {color} {phase}", "cat": f"color {phase}", "ph": "X",
+                                        "ts": self._us(begin), "dur": max(0.0, (end - begin) * 1e6),
+                                        "pid": self.rank, "tid": _COLOR_ROW + color,
+                                        "args": {"seq": handle.seq, "color": color}})
 
     def write(self) -> None:
         """Write the events (atomically: a reader never sees half a file)."""
         with self._lock:
-            events = list(self.events)
+            events, colors = list(self.events), sorted(self._colors)
         meta = [{"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": f"rank {self.rank}"}},
                 {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": 0, "args": {"name": "metadata check"}},
                 {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": 1, "args": {"name": "allreduce"}}]
         meta += [{"name": "thread_name", "ph": "M", "pid": self.rank, "tid": row, "args": {"name": f"engine: {phase}"}}
                  for row, phase in enumerate(_PHASES, start=2)]
+        meta += [{"name": "thread_name", "ph": "M", "pid": self.rank, "tid": _COLOR_ROW + c,
+                  "args": {"name": f"engine: color {c}"}} for c in colors]
         tmp = f"{self.path}.tmp"
         with open(tmp, "w") as f:
             json.dump({"traceEvents": meta + events, "displayTimeUnit": "ms"}, f)

@@ -89,6 +89,12 @@ static void post_sync(EngineObject *e, run_t *r) {
 static void complete_step(run_t *r, int64_t i) {
     ProgramObject *p = (ProgramObject *)r->program;
     r->remaining--;
+    int color = p->steps[i].color;
+    if (color >= 0 && color < r->ncolors) {
+        double *row = r->color_t + 3 * color, t = now_s();
+        if (p->steps[i].phase == 0) row[1] = t;
+        row[2] = t;
+    }
     for (int64_t k = p->dep_ptr[i]; k < p->dep_ptr[i + 1]; k++) {
         int32_t j = p->dependents[k];
         if (--r->waiting[j] == 0) r->ready[r->nready++] = j;
@@ -127,7 +133,10 @@ static void start_schedule(EngineObject *e, run_t *r) {
     r->scratch = pool_take(e, r->scratch_bytes);
     r->waiting = malloc(sizeof(int32_t) * (size_t)(p->nsteps + 1));
     r->ready = malloc(sizeof(int32_t) * (size_t)(p->nsteps + 1));
-    if (!r->scratch || !r->waiting || !r->ready) { fail_run(e, r, "out of memory", MPI_SUCCESS); return; }
+    r->ncolors = p->ncolors;
+    r->color_t = calloc((size_t)(3 * p->ncolors + 1), sizeof(double));
+    if (!r->scratch || !r->waiting || !r->ready || !r->color_t) { fail_run(e, r, "out of memory", MPI_SUCCESS); return; }
+    for (int c = 0; c < p->ncolors; c++) r->color_t[3 * c] = c;
     r->remaining = p->nsteps;
     r->nready = 0;
     for (int64_t i = p->nsteps - 1; i >= 0; i--) {   /* popped in step order */
@@ -215,6 +224,8 @@ static void shm_reduce(EngineObject *e, run_t *r) {
     else combine_into(r->dtype, r->op, out, shm_source(e, r, 0, off), shm_source(e, r, 1, off), count);
     for (int q = 2; q < e->size; q++) reduce_into(r->dtype, r->op, out, shm_source(e, r, q, off), count, 0);
     MPI_Win_sync(e->win);
+    r->color_t = calloc(3, sizeof(double));   /* this rank's color: reduced now, broadcast by the collect */
+    if (r->color_t) { r->ncolors = 1; r->color_t[0] = e->rank; r->color_t[1] = r->color_t[2] = now_s(); }
     post_sync(e, r);
 }
 
@@ -222,6 +233,7 @@ static void shm_reduce(EngineObject *e, run_t *r) {
 static void shm_collect(EngineObject *e, run_t *r) {
     MPI_Win_sync(e->win);
     memcpy(r->buf, area(e, e->size), (size_t)(r->nelem * r->isz));
+    if (r->ncolors) r->color_t[2] = now_s();
     finish(e, r, STATUS_OK);
 }
 
@@ -435,7 +447,7 @@ void progress(EngineObject *e, int block, run_t *until) {
 void free_run(run_t *r) {
     PyBuffer_Release(&r->view);
     Py_XDECREF(r->program);
-    free(r->waiting); free(r->ready); free(r->meta); free(r->cmine); free(r->crecv); free(r);
+    free(r->waiting); free(r->ready); free(r->meta); free(r->cmine); free(r->crecv); free(r->color_t); free(r);
 }
 
 /* What Python needs to raise: the MAX vector of a mismatch, an error's text, else None. */
@@ -446,17 +458,31 @@ PyObject *outcome_payload(run_t *r) {
     return Py_NewRef(Py_None);
 }
 
-/* The finished runs as [(seq, status, payload, (started, checked, done))], removed from the
-   engine (needs the GIL). */
+/* Each color's (color, reduced, done), the colors that ran a step. */
+static PyObject *color_times(run_t *r) {
+    PyObject *out = PyList_New(0);
+    for (int c = 0; out && c < r->ncolors; c++) {
+        double *row = r->color_t + 3 * c;
+        if (row[2] == 0) continue;
+        PyObject *item = Py_BuildValue("(idd)", (int)row[0], row[1], row[2]);
+        if (!item || PyList_Append(out, item) < 0) { Py_XDECREF(item); Py_CLEAR(out); break; }
+        Py_DECREF(item);
+    }
+    return out;
+}
+
+/* The finished runs as [(seq, status, payload, (started, checked, done), color_times)],
+   removed from the engine (needs the GIL). */
 PyObject *drain(EngineObject *e) {
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
     for (int i = 0; i < e->nruns;) {
         run_t *r = e->runs[i];
         if (!r->done || (r->inflight && !r->abandoned)) { i++; continue; }
-        PyObject *payload = outcome_payload(r);
-        PyObject *item = payload ? Py_BuildValue("(LiN(ddd))", r->seq, r->status, payload, r->t_start,
-                                                 r->meta_checked ? r->t_checked : r->t_done, r->t_done) : NULL;
+        PyObject *payload = outcome_payload(r), *colors = payload ? color_times(r) : NULL;
+        if (payload && !colors) Py_CLEAR(payload);
+        PyObject *item = payload ? Py_BuildValue("(LiN(ddd)N)", r->seq, r->status, payload, r->t_start,
+                                                 r->meta_checked ? r->t_checked : r->t_done, r->t_done, colors) : NULL;
         if (!item || PyList_Append(out, item) < 0) { Py_XDECREF(item); Py_DECREF(out); return NULL; }
         Py_DECREF(item);
         e->nfinished--;

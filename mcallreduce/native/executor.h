@@ -15,17 +15,19 @@ enum { CHECK_OFF = 0, CHECK_ON = 1 };
 enum { STATUS_OK = 0, STATUS_MISMATCH = 1, STATUS_ERROR = 2 };
 enum { OWNER_CHECK_SEND = -1, OWNER_COLLECTIVE = -2, OWNER_SYNC = -3, OWNER_WAKE = -4, OWNER_CHECK_RECV = -5,
        OWNER_GOODBYE = -6 };
-#define LOWERED_COLUMNS 8   /* op, peer, offset, count, scratch, tag, ndeps, incoming_left */
+#define LOWERED_COLUMNS 10  /* op, peer, offset, count, scratch, tag, ndeps, incoming_left, color, phase */
 #define POOL_SLOTS 8
 
 typedef struct {
     int32_t op, peer, tag, ndeps, left;
+    int32_t color, phase;   /* color -1: a done message; phase 0 reduces, 1 broadcasts (lowering.py) */
     int64_t offset, count, scratch;
 } step_t;
 
 typedef struct {
     PyObject_HEAD
     int64_t nsteps, scratch_elems;
+    int ncolors;
     step_t *steps;
     int64_t *dep_ptr;      /* dependents of step i: dependents[dep_ptr[i]:dep_ptr[i + 1]] */
     int32_t *dependents;
@@ -65,6 +67,10 @@ typedef struct run {
     size_t cmine_bytes;
     struct run *next;           /* in the collective or shared-memory queue */
     double t_start, t_checked, t_done;   /* CLOCK_MONOTONIC seconds (Python's time.monotonic) */
+    /* per color: [color, the last reducing step's end, the last step's end]; for a schedule one
+       row per color, for the shared-memory stage one for this rank's color; 0: none yet */
+    double *color_t;
+    int ncolors;
     char error[200];
 } run_t;
 

@@ -46,6 +46,8 @@ static int Program_init(ProgramObject *self, PyObject *args, PyObject *kw) {
         step_t *s = &self->steps[i];
         s->op = (int32_t)r[0]; s->peer = (int32_t)r[1]; s->offset = r[2]; s->count = r[3];
         s->scratch = r[4]; s->tag = (int32_t)r[5]; s->ndeps = (int32_t)r[6]; s->left = (int32_t)r[7];
+        s->color = (int32_t)r[8]; s->phase = (int32_t)r[9];
+        if (s->color >= self->ncolors) self->ncolors = s->color + 1;
     }
     for (Py_ssize_t i = 0; i < ndeps; i++) self->dependents[i] = (int32_t)deps[i];
     free(raw); free(deps);

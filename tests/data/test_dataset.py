@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from data_helpers import imagefolder_order
+from _imagefolder import imagefolder_order
 from mcallreduce.data import (EvalTransform, ImageFolder, ImageStore, InMemoryDistributedSampler,
                               InMemoryImageFolder, StoreFile, ThreadedLoader, TrainTransform)
 from mcallreduce.data import transforms as transforms_mod

@@ -1,10 +1,11 @@
 """Packing an ImageFolder tree into a store file, and reading it back."""
 import os
 import subprocess
+import sys
 
 import pytest
 
-from data_helpers import PYTHON, imagefolder_order
+from _imagefolder import imagefolder_order
 from mcallreduce.data.format import (CorruptImageError, StoreFile, StoreFormatError, pack,
                                      scan_image_folder)
 
@@ -76,7 +77,7 @@ def test_damaged_store_is_refused(packed, copy_of):
 
 def test_cli_pack_reports_and_exit_codes(photo_tree, tmp_path):
     root, bad = photo_tree
-    out = subprocess.run([PYTHON, "-m", "mcallreduce.data", "pack", root, str(tmp_path / "t.mcstore"),
+    out = subprocess.run([sys.executable, "-m", "mcallreduce.data", "pack", root, str(tmp_path / "t.mcstore"),
                           "--workers", "2"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "packed 300 images in 10 classes" in out.stdout
@@ -84,6 +85,6 @@ def test_cli_pack_reports_and_exit_codes(photo_tree, tmp_path):
         assert path in out.stderr
     assert len(StoreFile(str(tmp_path / "t.mcstore"))) == 300
     (tmp_path / "none").mkdir()
-    out = subprocess.run([PYTHON, "-m", "mcallreduce.data", "pack", str(tmp_path / "none"), str(tmp_path / "x")],
+    out = subprocess.run([sys.executable, "-m", "mcallreduce.data", "pack", str(tmp_path / "none"), str(tmp_path / "x")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "class folder" in out.stderr

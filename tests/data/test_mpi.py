@@ -3,18 +3,16 @@ no shared memory left behind, the memory budget, and the cross-host exchange."""
 import glob
 import json
 import os
-import sys
 
-from data_helpers import PYTHON
-from mcallreduce.launch import run
+from _mpi import run_job
 
 JOB = os.path.join(os.path.dirname(__file__), "mpi_job.py")
 
 
 def mpi(np_, scenario, path, env=None, ok=True):
-    env = {"MCALLREDUCE_DATA_PROGRESS": "0", "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})}
+    env = {"MCALLREDUCE_DATA_PROGRESS": "0", **(env or {})}
     # -m mpi4py: an unhandled exception on one rank aborts the job (else its peers wait forever).
-    result = run(np_, [PYTHON, "-m", "mpi4py", JOB, scenario, path], timeout=150, env=env)
+    result = run_job(np_, JOB, scenario, path, timeout=150, env=env, abort_on_exception=True)
     if ok:
         assert result.returncode == 0, result.stderr[-4000:]
     decoder = json.JSONDecoder()

@@ -10,17 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from mcallreduce.launch import run
+from _mpi import REPO as ROOT, passed, run_job
 
 JOBS = Path(__file__).parent / "mpi"
-ROOT = Path(__file__).parents[2]
 
 
 def job(np_, script, *args, env=None, timeout=240):
-    result = run(np_, [sys.executable, str(JOBS / script), *args], env={"PYTHONPATH": str(ROOT), **(env or {})},
-                 timeout=timeout)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout
+    return passed(run_job(np_, JOBS / script, *args, env=env, timeout=timeout))
 
 
 @pytest.mark.parametrize("thread", ["0", "1"])

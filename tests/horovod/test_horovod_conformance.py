@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hvd_helpers import OFF, ON, explain, mpi_job, needs_horovod
+from _horovod import OFF, ON, explain, mpi_job, needs_horovod
 
 pytestmark = needs_horovod
 

@@ -1,7 +1,7 @@
 """hvd.join() with uneven inputs under mpirun -np 2: the plugin gives stock Horovod's results."""
 import torch
 
-from hvd_helpers import OFF, ON, explain, mpi_job, needs_horovod
+from _horovod import OFF, ON, explain, mpi_job, needs_horovod
 
 pytestmark = needs_horovod
 

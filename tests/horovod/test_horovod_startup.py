@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hvd_helpers import REPO, explain, install_startup_hook, mpi_job, needs_horovod
+from _horovod import REPO, explain, install_startup_hook, mpi_job, needs_horovod
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -93,9 +93,13 @@ def test_multicolor_op_routes_only_its_calls_in_a_stock_script():
 
 
 @needs_horovod
-def test_routed_calls_are_in_a_chrome_trace_on_every_rank(tmp_path):
+@pytest.mark.parametrize("variant", ["defaults", "two colors over messages"])
+def test_routed_calls_are_in_a_chrome_trace_on_every_rank(tmp_path, variant):
     import json
-    result = mpi_job(2, "unmodified.py", env={"MCALLREDUCE_HOROVOD": "1", "MCALLREDUCE_TIMELINE": str(tmp_path / "t.json")})
+    env = {"MCALLREDUCE_HOROVOD": "1", "MCALLREDUCE_TIMELINE": str(tmp_path / "t.json")}
+    if variant != "defaults":   # a schedule of two colors instead of the one-host shared-memory stage
+        env.update(MCALLREDUCE_SHM_BYTES="0", MCALLREDUCE_COLORS="2", MCALLREDUCE_TUNING_FILE="none")
+    result = mpi_job(2, "unmodified.py", env=env)
     seen = report(result)
     for rank in (0, 1):
         trace = json.loads((tmp_path / f"t.mcallreduce.rank{rank}.json").read_text())
@@ -106,7 +110,12 @@ def test_routed_calls_are_in_a_chrome_trace_on_every_rank(tmp_path):
         assert any(e["cat"] == "gradient bucket" for e in data) and any(e["args"]["bytes"] == 4000 for e in data)
         assert len([e for e in events if e["tid"] == 0]) == len(data)   # one metadata check per call
         # each data allreduce's engine phases, in order, inside its span (1 us of rounding)
-        phases = {(e["args"]["seq"], e["cat"]): e for e in events if e["tid"] >= 2}
+        phases = {(e["args"]["seq"], e["cat"]): e for e in events if 2 <= e["tid"] <= 4}
+        colors = {}
+        for e in events:
+            if e["tid"] >= 5:
+                assert e["tid"] == 5 + e["args"]["color"] and e["cat"] in ("color reduce", "color broadcast"), e
+                colors[(e["args"]["seq"], e["args"]["color"], e["cat"])] = e
         for e in data:
             for seq in e["args"]["seqs"]:
                 spans = [phases[(seq, p)] for p in ("queued", "check", "reduce")]
@@ -114,3 +123,16 @@ def test_routed_calls_are_in_a_chrome_trace_on_every_rank(tmp_path):
                 assert spans[-1]["ts"] + spans[-1]["dur"] <= e["ts"] + e["dur"] + 1, (e, spans)
                 for a, b in zip(spans, spans[1:]):
                     assert abs(a["ts"] + a["dur"] - b["ts"]) <= 1, (a, b)
+                # each color's reduce then broadcast, inside the reduction's span
+                body = spans[-1]
+                for (s, c, cat), red in colors.items():
+                    if s != seq or cat != "color reduce":
+                        continue
+                    bcast = colors[(seq, c, "color broadcast")]
+                    assert abs(red["ts"] - body["ts"]) <= 1 and abs(red["ts"] + red["dur"] - bcast["ts"]) <= 1
+                    assert bcast["ts"] + bcast["dur"] <= body["ts"] + body["dur"] + 1, (body, red, bcast)
+        ran = {c for _, c, _ in colors}
+        if variant == "defaults":
+            assert ran, sorted(colors)                 # the shared-memory stage: this rank's color
+        else:
+            assert ran == {0, 1}, sorted(colors)

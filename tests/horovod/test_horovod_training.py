@@ -3,7 +3,7 @@ import re
 
 import torch
 
-from hvd_helpers import OFF, ON, explain, mpi_job, needs_horovod
+from _horovod import OFF, ON, explain, mpi_job, needs_horovod
 
 pytestmark = needs_horovod
 

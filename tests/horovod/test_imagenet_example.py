@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from hvd_helpers import OFF, REPO, explain, mpi_job, needs_horovod
+from _horovod import OFF, REPO, explain, mpi_job, needs_horovod
 from mcallreduce.bench import accuracy, e2e
 from mcallreduce.data.photos import make_photo_folder
 

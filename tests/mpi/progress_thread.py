@@ -1,6 +1,7 @@
 """Background progress thread: allreduces complete while the main thread computes, and an
 idle thread leaves the cores alone (it sleeps instead of polling MPI)."""
 import resource
+import sys
 import time
 
 import numpy as np
@@ -47,6 +48,8 @@ woken = np.full(1000, rank + 1, np.float64)
 mcallreduce.allreduce(woken)   # and it still wakes for new work
 ok = ok and idle_cpu < 0.25 and np.all(woken == size * (size + 1) / 2)
 oks = comm.gather((ok, mismatch, round(idle_cpu, 3)), root=0)
+everyone_ok = comm.bcast(all(a and b for a, b, _ in oks) if rank == 0 else None, root=0)
 if rank == 0:
-    print("THREAD", "ok" if all(a and b for a, b, _ in oks) else f"FAILED {oks}", flush=True)
+    print("THREAD", "ok" if everyone_ok else f"FAILED {oks}", flush=True)
     print("idle CPU seconds per rank:", [c for _, _, c in oks], flush=True)
+sys.exit(0 if everyone_ok else 1)

@@ -1,9 +1,5 @@
-"""Helpers shared by the data tests (a module with a unique name: ``conftest`` is ambiguous
-when several test folders each have one)."""
+"""ImageFolder's sample order, written out independently of the package, for the data tests."""
 import os
-import sys
-
-PYTHON = sys.executable
 
 
 def imagefolder_order(root):

@@ -1,0 +1,75 @@
+"""The Linux side of the emulated cluster: shell calls, root and tool checks, namespaces, links
+and the tbf shaping arguments. :mod:`.cluster` builds hosts from them; :mod:`.cluster_measure`
+uses them too, without importing the cluster.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import subprocess
+import sys
+from typing import Optional
+
+__all__ = ["ClusterError", "say", "tbf_options", "sh", "require_root", "namespaces", "links",
+           "root_namespace_networks"]
+
+
+class ClusterError(RuntimeError):
+    """A cluster operation failed; the message says what to do about it."""
+
+
+def say(message: str) -> None:
+    print(f"[cluster] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- rates and tbf
+def tbf_options(rate_bits: int) -> list[str]:
+    """tc tbf arguments for ``rate_bits``.
+
+    burst: the bucket must hold what arrives between two timer ticks and a whole 64 KiB
+    GSO segment (veth does TSO), or tbf caps TCP well below the rate; 5 ms of rate, at least
+    128 KiB. limit (queue): 50 ms of rate, at least 1 MiB, so TCP bursts queue rather than
+    drop (veth has no delay, so a deeper queue costs latency only under load).
+    """
+    rate_bytes = rate_bits / 8
+    burst = max(int(rate_bytes * 0.005), 128 * 1024)
+    limit = burst + max(int(rate_bytes * 0.050), 1024 * 1024)
+    return ["rate", f"{rate_bits}bit", "burst", str(burst), "limit", str(limit)]
+
+
+# ---------------------------------------------------------------- shell helpers
+def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise ClusterError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+def require_root() -> None:
+    """Namespaces, veths, bridges and qdiscs all need CAP_NET_ADMIN: say so plainly."""
+    if os.geteuid() != 0:
+        raise ClusterError("the emulated cluster needs root (it creates network namespaces, "
+                           "veth pairs, bridges and tc qdiscs): run it as root, e.g. "
+                           "sudo .venv/bin/python -m mcallreduce.bench.cluster ...")
+    packages = {"ip": "iproute2", "tc": "iproute2", "unshare": "util-linux"}
+    missing = [tool for tool in packages if shutil.which(tool) is None]
+    if missing:
+        install = " ".join(sorted({packages[tool] for tool in missing}))
+        raise ClusterError(f"{', '.join(missing)} not found: apt-get install -y {install}")
+
+
+def namespaces() -> list[str]:
+    out = sh("ip", "netns", "list").stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def links(netns: Optional[str] = None) -> list[str]:
+    """Interface names ('eth0', not 'eth0@if12') in the root namespace or in ``netns``."""
+    out = sh("ip", *(("-n", netns) if netns else ()), "-o", "link", "show").stdout
+    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if line.strip()]
+
+
+def root_namespace_networks() -> list[ipaddress.IPv4Network]:
+    out = sh("ip", "-o", "-4", "addr", "show").stdout
+    return [ipaddress.ip_interface(line.split()[3]).network for line in out.splitlines() if line.strip()]
