@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Build (once) and install Horovod 0.28.1 for the venv's torch (2.13.0, CPU), MPI controller.
+# Build (once) and install Horovod 0.28.1 for the venv's torch (2.13.0, CPU): the MPI controller,
+# with Gloo built in (HOROVOD_CPU_OPERATIONS=gloo: stock Horovod's ring allreduce on CPU).
 #
 # Why a script: 0.28.1 is Horovod's last release and compiles its torch extension as C++14,
 # while torch >= 2.1 headers need C++17. We patch the two `set(CMAKE_CXX_STANDARD 14)` lines
 # to 17 (nothing else), build a wheel without build isolation (so the build sees the venv's
-# torch) and cache it in .cache/wheels/torch-<version>/ (a different torch needs a new
-# binary). Idempotent: a cached wheel is never rebuilt, an installed one never reinstalled.
-# About 4 minutes on 2 cores the first time, a second or two afterwards.
+# torch) and cache it in .cache/wheels/torch-<version>-mpi-gloo/ (a different torch, or other
+# controllers, need a new binary). Idempotent: a cached wheel is never rebuilt, an installed one never reinstalled.
+# About 8 minutes on 2 cores the first time (Gloo is half of it), a second or two afterwards.
 # Usage: scripts/build_horovod.sh     (after scripts/setup_env.sh)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,7 +21,7 @@ say() { printf '[horovod] %s\n' "$*" >&2; }
 pkg_version() { "$py" -c 'import sys; from importlib.metadata import version; print(version(sys.argv[1]))' "$1" 2>/dev/null; }
 torch_version=$(pkg_version torch) || { say "no torch in the venv: run scripts/setup_env.sh first"; exit 2; }
 torch_version=${torch_version%%+*}
-cache="$repo/.cache/wheels/torch-$torch_version"
+cache="$repo/.cache/wheels/torch-$torch_version-mpi-gloo"
 marker="$venv/.horovod-wheel"     # sha256 of the wheel installed in this venv
 
 wheel=$(ls "$cache"/horovod-$version-*.whl 2>/dev/null | head -1 || true)
@@ -29,7 +30,7 @@ if [ -z "$wheel" ]; then
   command -v cmake >/dev/null || { say "no cmake on PATH (apt-get install cmake)"; exit 2; }
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
-  say "building Horovod $version for torch $torch_version (about 4 minutes on 2 cores)"
+  say "building Horovod $version for torch $torch_version, MPI and Gloo (about 8 minutes on 2 cores)"
   "$py" -m pip install --disable-pip-version-check -q packaging setuptools wheel
   "$py" -m pip download --disable-pip-version-check -q --no-binary :all: --no-deps \
       "horovod==$version" -d "$work" 2>&1 | grep -v "^WARNING: Location" >&2 || true
@@ -44,8 +45,8 @@ if [ -z "$wheel" ]; then
   # cmake_minimum_required without it (Debian's 3.25 ignores it). MAKEFLAGS replaces
   # Horovod's default -j8, which oversubscribes small machines.
   CMAKE_POLICY_VERSION_MINIMUM=3.5 \
-  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
-  HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 HOROVOD_CPU_OPERATIONS=MPI \
+  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
+  HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=MPI \
   MAKEFLAGS="-j$(nproc)" \
     "$py" -m pip wheel --disable-pip-version-check --no-build-isolation --no-deps \
       -w "$work/out" "$src" > "$work/build.log" 2>&1 || {
@@ -69,11 +70,12 @@ say "installing $(basename "$wheel")"
 "$py" -m pip install --disable-pip-version-check -q --force-reinstall --no-deps "$wheel"
 "$py" -m pip install --disable-pip-version-check -q cloudpickle psutil pyyaml packaging "cffi>=1.4"
 
-# The build is only usable here if Horovod reports both PyTorch and MPI.
+# The build is only usable here if Horovod reports PyTorch, MPI and Gloo.
 check=$("$venv/bin/horovodrun" --check-build)
-if echo "$check" | grep -q '\[X\] PyTorch' && echo "$check" | grep -q '\[X\] MPI'; then
+if echo "$check" | grep -q '\[X\] PyTorch' && echo "$check" | grep -q '\[X\] MPI' &&
+   echo "$check" | grep -q '\[X\] Gloo'; then
   echo "$sha" > "$marker"
-  say "ready: horovodrun --check-build lists PyTorch and MPI"
+  say "ready: horovodrun --check-build lists PyTorch, MPI and Gloo"
 else
-  echo "$check" >&2; say "horovodrun --check-build does not list PyTorch and MPI"; exit 1
+  echo "$check" >&2; say "horovodrun --check-build does not list PyTorch, MPI and Gloo"; exit 1
 fi
