@@ -7,7 +7,7 @@
 # to 17 (nothing else), build a wheel without build isolation (so the build sees the venv's
 # torch) and cache it in .cache/wheels/torch-<version>-mpi-gloo/ (a different torch, or other
 # controllers, need a new binary). Idempotent: a cached wheel is never rebuilt, an installed one never reinstalled.
-# About 8 minutes on 2 cores the first time (Gloo is half of it), a second or two afterwards.
+# About 5 minutes on 2 cores the first time, a second or two afterwards.
 # Usage: scripts/build_horovod.sh     (after scripts/setup_env.sh)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,7 +30,7 @@ if [ -z "$wheel" ]; then
   command -v cmake >/dev/null || { say "no cmake on PATH (apt-get install cmake)"; exit 2; }
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
-  say "building Horovod $version for torch $torch_version, MPI and Gloo (about 8 minutes on 2 cores)"
+  say "building Horovod $version for torch $torch_version, MPI and Gloo (about 5 minutes on 2 cores)"
   "$py" -m pip install --disable-pip-version-check -q packaging setuptools wheel
   "$py" -m pip download --disable-pip-version-check -q --no-binary :all: --no-deps \
       "horovod==$version" -d "$work" 2>&1 | grep -v "^WARNING: Location" >&2 || true

@@ -3,6 +3,7 @@
 Every test uses its own prefix ("mct*"), so a cluster a developer has up ("mcar") is never
 touched. Needs root and working ``ip netns``; skipped with the reason otherwise.
 """
+import importlib.util
 import json
 import os
 import shutil
@@ -133,6 +134,30 @@ def test_run_spans_both_hosts_and_sums_right(cluster, tmp_path):
     assert {r[2] for r in rows} == {f"{PREFIX}-h0", f"{PREFIX}-h1"}  # one rank per namespace
     assert {r[3] for r in rows} == {"10.213.0.1/24", "10.213.0.2/24"}
     assert all(r[4] == r[5] == "3" for r in rows)  # 1 + 2 everywhere
+
+
+GLOO_JOB = textwrap.dedent("""
+    import subprocess
+    import torch
+    import horovod.torch as hvd
+    hvd.init()   # Horovod's Gloo controller: no MPI
+    ns = subprocess.run(["ip", "netns", "identify"], capture_output=True, text=True).stdout.strip()
+    total = hvd.allreduce(torch.full((1 << 18,), float(hvd.rank() + 1)), op=hvd.Sum)   # Gloo's ring
+    names = hvd.allgather_object(ns)
+    if hvd.rank() == 0:
+        print("GLOO", hvd.size(), int(total.min()), int(total.max()), *sorted(names), flush=True)
+""")
+
+
+@needs_cluster
+@pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="Horovod is not installed")
+def test_run_with_gloo_starts_horovods_gloo_controller_on_both_hosts(cluster, tmp_path):
+    script = tmp_path / "gloo_job.py"
+    script.write_text(GLOO_JOB)
+    proc = cluster.run([sys.executable, str(script)], timeout=180, gloo=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if "GLOO" in ln)
+    assert line.split("GLOO", 1)[1].split() == ["2", "3", "3", f"{PREFIX}-h0", f"{PREFIX}-h1"], line
 
 
 @needs_cluster

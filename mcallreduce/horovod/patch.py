@@ -72,8 +72,10 @@ def _activate(hvd, comm_arg) -> None:
     """After stock hvd.init(): route allreduces through mcallreduce, or say why not."""
     if os.environ.get("HOROVOD_ELASTIC") == "1":
         return _decline("elastic mode")
-    if not hvd.mpi_enabled() or hvd.gloo_enabled():
-        return _decline("the Gloo controller")
+    # gloo_enabled() is also true under the MPI controller with HOROVOD_CPU_OPERATIONS=gloo;
+    # only the Gloo controller (horovodrun --gloo) runs without MPI, which the engine needs
+    if not hvd.mpi_enabled():
+        return _decline("the Gloo controller (horovodrun --gloo)")
     from mpi4py import MPI   # MPI is initialised by Horovod at this point: mpi4py adopts it
 
     world = MPI.COMM_WORLD

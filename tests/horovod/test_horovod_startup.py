@@ -136,3 +136,18 @@ def test_routed_calls_are_in_a_chrome_trace_on_every_rank(tmp_path, variant):
             assert ran, sorted(colors)                 # the shared-memory stage: this rank's color
         else:
             assert ran == {0, 1}, sorted(colors)
+
+
+@needs_horovod
+def test_under_horovods_gloo_controller_the_plugin_declines_and_stock_runs():
+    # horovodrun --gloo starts no MPI, which the engine needs: the job stays stock, with a warning
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MCALLREDUCE_")},
+           "MCALLREDUCE_ALGORITHM": "multicolor", "PYTHONPATH": str(REPO),
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    result = subprocess.run([horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable,
+                             str(REPO / "tests" / "horovod" / "mpi" / "unmodified.py")],
+                            capture_output=True, text=True, timeout=180, env=env)
+    assert result.returncode == 0, explain(result)
+    assert "[0]<stdout>:SUM 3" in result.stdout and "[0]<stdout>:ROUTED 0 BUCKETS 0" in result.stdout, explain(result)
+    assert result.stderr.count("the Gloo controller (horovodrun --gloo) is not supported") == 2, explain(result)
