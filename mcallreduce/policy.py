@@ -79,10 +79,12 @@ def _slices(config: Config, colors: int, hosts: Sequence[Sequence[int]]) -> int:
 
 
 def resolve(config: Config, nbytes: int, itemsize: int,
-            hosts: Sequence[Sequence[int]], shared_slot: int = 0) -> Tuple[str, Params]:
+            hosts: Sequence[Sequence[int]], shared_slot: int = 0, mpi_type: bool = True) -> Tuple[str, Params]:
     """Concrete algorithm and schedule parameters for one message of ``nbytes``.
 
     ``shared_slot``: bytes per slot of the caller's shared-memory window (0: none).
+    ``mpi_type``: whether MPI has the element type (float16 has none), so that a table
+    that picked MPI's allreduce for this size can be followed.
     """
     max_local = max(len(h) for h in hosts)
     nranks = sum(len(h) for h in hosts)
@@ -92,6 +94,8 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     shared_fits = (len(hosts) == 1 and nranks > 1 and shared_slot > 0 and config.shm_bytes > 0
                    and nbytes <= min(config.shm_bytes, shared_slot))
     hit = _tuned(config, hosts, nbytes, itemsize) if knobs_unset and nranks > 1 else None
+    if hit is not None and hit[0] == "mpi" and not mpi_type:   # the built-in rules instead
+        hit = None
     if hit is not None and hit[0] != "multicolor":      # the table picked another algorithm
         return hit[0], Params(segment=hit[1].segment, depth=config.depth)
     if config.algorithm == "multicolor" and knobs_unset and shared_fits and (hit is None or hit[1].shared):

@@ -147,7 +147,8 @@ class Plan:
     def __init__(self, ctx: Context, config: Config, nelem: int, dtype: np.dtype, op: str,
                  pre: float, post: float):
         slot = ctx.shared.slot_bytes if ctx.shared is not None else 0
-        self.algorithm, self.params = resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, slot)
+        self.algorithm, self.params = resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, slot,
+                                              mpi_type=dtype != np.float16)
         self.schedule: Optional[Schedule] = None
         self.program = None
         if self.params.shared:

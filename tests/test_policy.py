@@ -23,6 +23,10 @@ def test_a_measured_table_decides_the_algorithm_per_size(tmp_path):
     assert resolve(config, 4 << 10, 4, host, shared_slot=slot)[1].shared
     assert resolve(config, 4 << 10, 4, host)[0] == "multicolor"          # no window: messages
     assert resolve(config, 64 << 10, 4, host, shared_slot=slot)[0] == "mpi"
+    # MPI has no float16: the table's MPI row gives way to the rules (the shared stage here)
+    algorithm, params = resolve(config, 64 << 10, 2, host, shared_slot=slot, mpi_type=False)
+    assert algorithm == "multicolor" and params.shared
+    assert resolve(config, 64 << 10, 2, host, mpi_type=False)[0] in ("multicolor", "doubling")
     algorithm, params = resolve(config, 1 << 20, 4, host, shared_slot=slot)
     assert (algorithm, params.segment) == ("ring", (256 << 10) // 4)
     assert resolve(config, 8 << 20, 4, host, shared_slot=slot)[0] == "doubling"
