@@ -197,6 +197,22 @@ class Router:
             self.timeline.record(name, kind, check, parts, sum(b.numel() * b.element_size() for b in buffers))
         return Routed(name, check, parts, unpack)
 
+    def last_to_join(self, served: int) -> Optional[int]:
+        """The rank that joined last: the one that served the fewest routed allreduces while
+        joined (it joined after all of them), or None when several share that count (they
+        joined between the same two allreduces). Called by every rank, in step."""
+        from mpi4py import MPI
+        from mcallreduce import runtime
+        world = self.comm if self.comm is not None else MPI.COMM_WORLD
+        rank, size = world.Get_rank(), world.Get_size()
+        fewest = (1 << 36) - served   # the MAX of (fewest, rank) and of (fewest, -rank)
+        with self.lock:
+            keys = runtime.allreduce_async(np.array([(fewest << 24) + rank, (fewest << 24) + (size - rank)],
+                                                    dtype=np.int64), op="max", comm=self.comm)
+        _wait_idle(keys)
+        highest, lowest = int(keys.result[0]) & 0xFFFFFF, size - (int(keys.result[1]) & 0xFFFFFF)
+        return highest if highest == lowest else None
+
     def serve_joined(self) -> int:
         """The routed side of hvd.join(): contribute zeros to the other ranks' routed allreduces
         until every rank has joined. Returns the number of allreduces served."""
@@ -225,6 +241,17 @@ class Router:
                     pass         # a mismatch among the working ranks: they raise it
             served += 1
             state.counters["served_joined"] += 1
+
+
+class Finished:
+    """A handle that is done already (hvd.join's, once the join has completed)."""
+    name = "join"
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        pass
 
 
 def _copy_raw(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -401,9 +428,18 @@ class MpiLibProxy:
         # Stock join first: Horovod's own collectives (fallbacks) then get this rank's zeros.
         handle = stock_fn(output, device)
         try:
-            ROUTER.serve_joined()
+            served = ROUTER.serve_joined()
+            last = ROUTER.last_to_join(served)
         except Exception as exc:
             raise RuntimeError(
                 f"mcallreduce: hvd.join() could not follow the other ranks' allreduces ({exc}). "
                 + _ADVICE) from exc
-        return handle   # completes now: every rank has started stock join before leaving the loop
+        # Every rank started stock join before leaving the loop, so it completes now. Its
+        # answer (the last join request Horovod saw) cannot tell apart joins that reach it in one
+        # cycle, which routed allreduces in between make common; ours can, where it is unique.
+        self._stock.horovod_torch_wait_and_clear(handle)
+        if last is not None:
+            output.fill_(last)
+        mine = ROUTER.new_handle()
+        ROUTER.inflight[mine] = Finished()
+        return mine

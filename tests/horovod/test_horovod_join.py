@@ -1,4 +1,5 @@
 """hvd.join() with uneven inputs under mpirun -np 2: the plugin gives stock Horovod's results."""
+import pytest
 import torch
 
 from _horovod import OFF, ON, explain, mpi_job, needs_horovod
@@ -33,3 +34,12 @@ def test_join_with_uneven_steps_matches_stock_horovod(tmp_path):
             # the routed path was taken, and the rank that joined first served the other's
             # allreduces (2 extra steps x (bucket, metric, average, grouped) in each epoch)
             assert got["stats"]["routed"] > 0 and got["stats"]["served_joined"] == 8, (mode, rank, got["stats"])
+
+
+@needs_horovod
+@pytest.mark.parametrize("env", [OFF, ON], ids=["stock", "plugin"])
+def test_join_returns_the_last_rank_when_the_joins_share_a_horovod_cycle(env):
+    # a joined rank serves the other's allreduce within microseconds, so both join requests
+    # can reach Horovod's coordinator in one cycle (50 ms here make sure they do)
+    result = mpi_job(2, "join_order.py", env={**env, "HOROVOD_CYCLE_TIME": "50"}, timeout=120)
+    assert result.returncode == 0, explain(result)
