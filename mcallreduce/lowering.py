@@ -68,12 +68,12 @@ def phases(program: RankProgram) -> list:
     """
     steps = program.steps
     final = [False] * len(steps)
+    receives, last_reduce = set(), {}
     for i, s in enumerate(steps):   # deps name earlier steps only
         final[i] = s.op == Op.RECV or any(final[d] for d in s.deps)
-    receives = {s.color for s in steps if s.op == Op.RECV}
-    last_reduce = {}
-    for i, s in enumerate(steps):
-        if s.op == Op.REDUCE:
+        if s.op == Op.RECV:
+            receives.add(s.color)
+        elif s.op == Op.REDUCE:
             last_reduce[s.color] = i
     return [BROADCASTING if final[i] or (s.op == Op.SEND and s.color not in receives
                                          and i > last_reduce.get(s.color, len(steps))) else REDUCING

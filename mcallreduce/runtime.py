@@ -147,8 +147,9 @@ class Plan:
     def __init__(self, ctx: Context, config: Config, nelem: int, dtype: np.dtype, op: str,
                  pre: float, post: float):
         slot = ctx.shared.slot_bytes if ctx.shared is not None else 0
+        mpi_type = dtype != np.float16   # the one supported dtype MPI has no type for
         self.algorithm, self.params = resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, slot,
-                                              mpi_type=dtype != np.float16)
+                                              mpi_type=mpi_type)
         self.schedule: Optional[Schedule] = None
         self.program = None
         if self.params.shared:
@@ -156,7 +157,7 @@ class Plan:
         elif self.algorithm == "doubling" and config.check and nelem * dtype.itemsize <= FUSED_MAX_BYTES:
             self.kind = _executor.KIND_FUSED    # reduced along its own metadata check
         elif self.algorithm == "mpi":
-            if dtype == np.float16:
+            if not mpi_type:
                 raise TypeError("mcallreduce: algorithm 'mpi' cannot reduce float16 (MPI has no such type); "
                                 "use multicolor or ring")
             self.kind = _executor.KIND_MPI

@@ -33,9 +33,8 @@ DEFAULT_ALGORITHMS = "multicolor,ring,mpi,mpi-ring"
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"
 
 
-
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    from . import __main__ as entry   # its docstring lists the subcommands
+    from . import __main__ as entry   # its COMMANDS table dispatches (and lists) the subcommands
     ap = argparse.ArgumentParser(prog="python -m mcallreduce.bench", description=__doc__,
                                  epilog="subcommands (each has its own --help):\n" + entry.SUBCOMMANDS,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -303,10 +303,7 @@ exec {self.agent_path} "$host" "echo $host > /proc/sys/kernel/hostname && $*"
                     env: Optional[Mapping[str, str]] = None, mca: Optional[Mapping[str, str]] = None,
                     extra: Sequence[str] = ()) -> list[str]:
         """The full command (``ip netns exec <head> mpirun ...``) that runs ``argv`` on the hosts."""
-        cfg = self.config()
-        if cfg is None:
-            raise ClusterError(f"cluster '{self.prefix}' is not up: run "
-                               f"python -m mcallreduce.bench.cluster up --hosts N first")
+        cfg = self._up_config()
         params = {
             "plm_rsh_agent": str(self.agent_path),
             "plm_rsh_no_tree_spawn": "1",  # mpirun starts every daemon itself: simpler to debug
@@ -320,12 +317,17 @@ exec {self.agent_path} "$host" "echo $host > /proc/sys/kernel/hostname && $*"
                                     hosts=hosts, mca=params, extra=extra)
         return ["ip", "netns", "exec", self.head_ns] + cmd
 
+    def _up_config(self) -> ClusterConfig:
+        cfg = self.config()
+        if cfg is None:
+            raise ClusterError(f"cluster '{self.prefix}' is not up: run "
+                               f"python -m mcallreduce.bench.cluster up --hosts N first")
+        return cfg
+
     def horovodrun_gloo_argv(self, argv: Sequence[str], np: Optional[int] = None) -> list[str]:
         """``argv`` under Horovod's Gloo controller (``horovodrun --gloo``) on the hosts, from the
         head namespace; horovodrun passes its own environment on to the workers."""
-        cfg = self.config()
-        if cfg is None:
-            raise ClusterError(f"cluster '{self.prefix}' is not up")
+        cfg = self._up_config()
         horovodrun = shutil.which("horovodrun") or str(Path(sys.executable).with_name("horovodrun"))
         hosts = ",".join(f"{cfg.host_address(i)}:{cfg.ranks_per_host}" for i in range(cfg.hosts))
         return ["ip", "netns", "exec", self.head_ns, "env", f"PATH={self.ssh_dir}:{os.environ.get('PATH', '')}",

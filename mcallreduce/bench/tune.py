@@ -19,10 +19,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..units import parse_size
 from ..sim.model import paper
 from ..sim.tuner import TUNING_FILE, default_model, load_calibration, table
-from ..units import format_size
+from ..units import format_size, parse_size
 from .output import write_json
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"

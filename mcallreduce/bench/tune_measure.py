@@ -20,8 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..units import parse_size
-from ..units import format_size
+from ..units import format_size, parse_size
 from .output import write_json
 
 #: (name, algorithm, overrides): the built-in choice, larger segments (which fast links may

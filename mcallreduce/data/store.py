@@ -38,7 +38,6 @@ class StoreCorruptError(ValueError):
     """Loaded bytes do not match the checksums written by ``pack``."""
 
 
-
 def available_memory() -> Tuple[int, str]:
     """(bytes, where the limit comes from): the least of what the host, its cgroup,
     /dev/shm and MCALLREDUCE_DATA_MEMORY_LIMIT allow."""

@@ -201,17 +201,15 @@ class Router:
         """The rank that joined last: the one that served the fewest routed allreduces while
         joined (it joined after all of them), or None when several share that count (they
         joined between the same two allreduces). Called by every rank, in step."""
-        from mpi4py import MPI
         from mcallreduce import runtime
-        world = self.comm if self.comm is not None else MPI.COMM_WORLD
-        rank, size = world.Get_rank(), world.Get_size()
-        fewest = (1 << 36) - served   # the MAX of (fewest, rank) and of (fewest, -rank)
+        ctx = runtime.Context.get(self.comm)
+        counts = np.full(ctx.size, -1, dtype=np.int64)   # every rank's count, in its own slot
+        counts[ctx.rank] = served
         with self.lock:
-            keys = runtime.allreduce_async(np.array([(fewest << 24) + rank, (fewest << 24) + (size - rank)],
-                                                    dtype=np.int64), op="max", comm=self.comm)
-        _wait_idle(keys)
-        highest, lowest = int(keys.result[0]) & 0xFFFFFF, size - (int(keys.result[1]) & 0xFFFFFF)
-        return highest if highest == lowest else None
+            every = runtime.allreduce_async(counts, op="max", comm=self.comm)
+        _wait_idle(every)
+        fewest = np.flatnonzero(every.result == every.result.min())
+        return int(fewest[0]) if len(fewest) == 1 else None
 
     def serve_joined(self) -> int:
         """The routed side of hvd.join(): contribute zeros to the other ranks' routed allreduces

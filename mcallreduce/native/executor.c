@@ -91,9 +91,9 @@ static void complete_step(run_t *r, int64_t i) {
     r->remaining--;
     int color = p->steps[i].color;
     if (color >= 0 && color < r->ncolors) {
-        double *row = r->color_t + 3 * color, t = now_s();
-        if (p->steps[i].phase == 0) row[1] = t;
-        row[2] = t;
+        double *row = r->color_t + 2 * color, t = now_s();
+        if (p->steps[i].phase == 0) row[0] = t;
+        row[1] = t;
     }
     for (int64_t k = p->dep_ptr[i]; k < p->dep_ptr[i + 1]; k++) {
         int32_t j = p->dependents[k];
@@ -134,9 +134,8 @@ static void start_schedule(EngineObject *e, run_t *r) {
     r->waiting = malloc(sizeof(int32_t) * (size_t)(p->nsteps + 1));
     r->ready = malloc(sizeof(int32_t) * (size_t)(p->nsteps + 1));
     r->ncolors = p->ncolors;
-    r->color_t = calloc((size_t)(3 * p->ncolors + 1), sizeof(double));
+    r->color_t = calloc((size_t)(2 * p->ncolors + 1), sizeof(double));
     if (!r->scratch || !r->waiting || !r->ready || !r->color_t) { fail_run(e, r, "out of memory", MPI_SUCCESS); return; }
-    for (int c = 0; c < p->ncolors; c++) r->color_t[3 * c] = c;
     r->remaining = p->nsteps;
     r->nready = 0;
     for (int64_t i = p->nsteps - 1; i >= 0; i--) {   /* popped in step order */
@@ -224,8 +223,8 @@ static void shm_reduce(EngineObject *e, run_t *r) {
     else combine_into(r->dtype, r->op, out, shm_source(e, r, 0, off), shm_source(e, r, 1, off), count);
     for (int q = 2; q < e->size; q++) reduce_into(r->dtype, r->op, out, shm_source(e, r, q, off), count, 0);
     MPI_Win_sync(e->win);
-    r->color_t = calloc(3, sizeof(double));   /* this rank's color: reduced now, broadcast by the collect */
-    if (r->color_t) { r->ncolors = 1; r->color_t[0] = e->rank; r->color_t[1] = r->color_t[2] = now_s(); }
+    r->color_t = calloc(2, sizeof(double));   /* this rank's color: reduced now, broadcast by the collect */
+    if (r->color_t) { r->ncolors = 1; r->first_color = e->rank; r->color_t[0] = r->color_t[1] = now_s(); }
     post_sync(e, r);
 }
 
@@ -233,7 +232,7 @@ static void shm_reduce(EngineObject *e, run_t *r) {
 static void shm_collect(EngineObject *e, run_t *r) {
     MPI_Win_sync(e->win);
     memcpy(r->buf, area(e, e->size), (size_t)(r->nelem * r->isz));
-    if (r->ncolors) r->color_t[2] = now_s();
+    if (r->ncolors) r->color_t[1] = now_s();
     finish(e, r, STATUS_OK);
 }
 
@@ -462,9 +461,9 @@ PyObject *outcome_payload(run_t *r) {
 static PyObject *color_times(run_t *r) {
     PyObject *out = PyList_New(0);
     for (int c = 0; out && c < r->ncolors; c++) {
-        double *row = r->color_t + 3 * c;
-        if (row[2] == 0) continue;
-        PyObject *item = Py_BuildValue("(idd)", (int)row[0], row[1], row[2]);
+        double *row = r->color_t + 2 * c;
+        if (row[1] == 0) continue;
+        PyObject *item = Py_BuildValue("(idd)", r->first_color + c, row[0], row[1]);
         if (!item || PyList_Append(out, item) < 0) { Py_XDECREF(item); Py_CLEAR(out); break; }
         Py_DECREF(item);
     }

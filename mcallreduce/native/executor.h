@@ -67,10 +67,10 @@ typedef struct run {
     size_t cmine_bytes;
     struct run *next;           /* in the collective or shared-memory queue */
     double t_start, t_checked, t_done;   /* CLOCK_MONOTONIC seconds (Python's time.monotonic) */
-    /* per color: [color, the last reducing step's end, the last step's end]; for a schedule one
-       row per color, for the shared-memory stage one for this rank's color; 0: none yet */
+    /* per color c: [the last reducing step's end, the last step's end] (0: none yet) of color
+       first_color + c; a schedule has all its colors, the shared-memory stage this rank's one */
     double *color_t;
-    int ncolors;
+    int ncolors, first_color;
     char error[200];
 } run_t;
 
