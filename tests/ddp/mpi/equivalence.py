@@ -3,10 +3,11 @@
 Usage: equivalence.py hook|backend. Every variant trains 20 steps twice from the same start,
 on different data per rank: on gloo, then with the arm. Parameters and buffers must agree
 (bitwise at 2 ranks, to 1e-6 relative beyond) and be bitwise equal across ranks. Buckets
-compressed to float16 (PyTorch's float16 hook, or its wrapper around ours) agree to 1e-2
-relative after the 20 steps wherever they are not bitwise: beyond 2 ranks float16 sums in
-another order differ in the last bit, and the wrapped hook averages after the sum where
-PyTorch's own float16 hook divides first (in float16, where small gradients lose bits). The exit
+compressed to float16 (PyTorch's compression hook, or its wrapper around ours)
+agree to 1e-2 relative after the 20 steps wherever they are not bitwise: beyond 2 ranks such
+sums in another order differ in the last bit, and a wrapped hook averages after the sum where
+PyTorch's own compression hook divides first (in 16 bits, where small gradients lose bits).
+On the backend, PowerSGD's allreduces of its low-rank factors run on the group. The exit
 status is the result: 0 when every check passed on every rank.
 """
 import sys
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from mpi4py import MPI
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mcallreduce.ddp
@@ -51,6 +52,11 @@ OPTIONS = {
     "unused": {"find_unused_parameters": True}, "batchnorm": {}, "no_sync": {}, "rank1_differs": {},
     "static_graph": {"static_graph": True}, "join": {}, "fp16_compress": {},
 }
+if ARM == "backend":   # PowerSGD's own allreduces (of its low-rank factors) go to the group
+    OPTIONS["powersgd"] = {}
+# torch refuses its bfloat16 compression hooks without CUDA and NCCL: only float16 here
+COMPRESSED = {"fp16_compress": default_hooks.fp16_compress_hook}
+WRAPPERS = {"fp16_compress": default_hooks.fp16_compress_wrapper}
 
 
 def train(variant: str, arm: str):
@@ -59,11 +65,15 @@ def train(variant: str, arm: str):
         ddp = DDP(model, process_group=GROUP, **OPTIONS[variant])
     else:
         ddp = DDP(model, **OPTIONS[variant])
-    if variant == "fp16_compress":   # PyTorch's own compression: its hook, or its wrapper around ours
+    if variant in COMPRESSED:   # PyTorch's own compression: its hook, or its wrapper around ours
         if arm == "hook":
-            ddp.register_comm_hook(None, default_hooks.fp16_compress_wrapper(mcallreduce.ddp.multicolor_hook))
+            ddp.register_comm_hook(None, WRAPPERS[variant](mcallreduce.ddp.multicolor_hook))
         else:   # on gloo, or on the mcallreduce backend (the hook's allreduce goes to its group)
-            ddp.register_comm_hook(GROUP if arm == "backend" else None, default_hooks.fp16_compress_hook)
+            ddp.register_comm_hook(GROUP if arm == "backend" else None, COMPRESSED[variant])
+    elif variant == "powersgd":   # the same seed on both arms: the same random projections
+        state = powerSGD_hook.PowerSGDState(process_group=GROUP if arm == "backend" else None,
+                                            matrix_approximation_rank=2, start_powerSGD_iter=3, random_seed=5)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     elif arm == "hook":
         ddp.register_comm_hook(None, mcallreduce.ddp.multicolor_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
@@ -98,8 +108,8 @@ def compare(variant: str, reference: tuple, got: tuple) -> list:
     problems = []
     for name, ref in reference.items():
         mine = got[name]
-        tolerance = 1e-2 if variant == "fp16_compress" else 1e-6
-        loose = variant == "fp16_compress" and ARM == "hook"
+        tolerance = 1e-2 if variant in COMPRESSED else 1e-6
+        loose = variant in COMPRESSED and ARM == "hook"
         if (size == 2 and not loose) or not ref.is_floating_point():
             same = torch.equal(ref, mine)
         else:
