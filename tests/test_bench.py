@@ -54,3 +54,21 @@ def test_the_reports_stock_horovod_arm_times_every_size():
     records = json.loads(line[len("HOROVOD "):])
     assert [rec["size_bytes"] for rec in records] == [4096, 65536]
     assert all(rec["ranks"] == 2 and rec["time_s"] > 0 for rec in records)
+
+
+def test_tune_measure_writes_a_table_that_the_policy_then_follows(tmp_path):
+    table = tmp_path / "tuning.json"
+    r = run(2, [sys.executable, "-m", "mcallreduce.bench", "tune", "--measure", "--sizes", "4K,64K",
+                "--seconds", "0.01", "--min-iters", "2", "--passes", "2", "--out", str(table)], timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(table.read_text())["tables"]["1h2r"]
+    assert [row["size_bytes"] for row in rows] == [4096, 65536]
+    for row in rows:   # each row names its fastest candidate, and keeps every candidate's time
+        best = min(row["measured_s"], key=row["measured_s"].get)
+        if not best.startswith("multicolor"):
+            assert row["algorithm"] == best, row
+    from mcallreduce import config, policy
+    cfg = config.Config.from_env({"MCALLREDUCE_TUNING_FILE": str(table)})
+    for row in rows:
+        algorithm, params = policy.resolve(cfg, row["size_bytes"], 4, [[0, 1]], 1 << 24)
+        assert algorithm == row["algorithm"] and params.shared == row["shared"], (row, algorithm, params)

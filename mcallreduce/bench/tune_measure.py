@@ -5,9 +5,10 @@
 
 For every size, ``multicolor`` (its built-in choice of schedule, the shared-memory stage
 on one host included; and with 256 KiB and 1 MiB segments), ``ring``, ``doubling`` and
-``mpi`` (MPI's own allreduce, through the same executor) are timed through the public API, interleaved call by call, and the
-fastest is the table's row for that size; multicolor's ``auto`` then runs it, as NCCL's
-tuner or Open MPI's dynamic rules pick an algorithm by size. Rows are per layout
+``mpi`` (MPI's own allreduce, through the same executor) are timed through the public
+API, interleaved call by call, in a few passes, and the fastest is the table's row for
+that size; multicolor's ``auto`` then runs it, as NCCL's tuner or Open MPI's dynamic
+rules pick an algorithm by size. Rows are per layout
 (hosts x ranks per host): rerun it after changing either, or the network.
 """
 from __future__ import annotations
@@ -31,8 +32,10 @@ CANDIDATES = (("multicolor", "multicolor", {}), ("multicolor-256K", "multicolor"
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,8M,16M,64M"
 
 
-def _time_size(comm, size: int, seconds: float, min_iters: int) -> Dict[str, float]:
-    """Median slowest-rank time of each candidate at ``size`` bytes of float32."""
+def _time_size(comm, size: int, seconds: float, min_iters: int, passes: int) -> Dict[str, float]:
+    """Each candidate's time at ``size`` bytes of float32: the median slowest-rank time of a
+    pass, the least over ``passes`` passes (load on a shared machine comes in bursts that
+    spoil whole passes; the quietest pass is the cluster's own speed)."""
     from mpi4py import MPI
     from .. import allreduce
     buf = np.ones(max(1, size // 4), np.float32)
@@ -42,20 +45,24 @@ def _time_size(comm, size: int, seconds: float, min_iters: int) -> Dict[str, flo
     for _, algorithm, overrides in CANDIDATES:
         allreduce(buf, algorithm=algorithm, **overrides)
     one = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-    iters = int(min(100, max(min_iters, seconds * len(CANDIDATES) / max(one, 1e-6))))
-    times = np.empty((iters, len(CANDIDATES)))
-    for i in range(iters):
-        for j, (_, algorithm, overrides) in enumerate(CANDIDATES):
-            comm.Barrier()
-            t = time.perf_counter()
-            allreduce(buf, algorithm=algorithm, **overrides)
-            times[i, j] = time.perf_counter() - t
-    slowest = np.empty_like(times)
-    comm.Allreduce(times, slowest, op=MPI.MAX)
-    return {name: float(np.median(slowest[:, j])) for j, (name, _, _) in enumerate(CANDIDATES)}
+    iters = int(min(100, max(min_iters, seconds * len(CANDIDATES) / max(one, 1e-6) / passes)))
+    best = {name: float("inf") for name, _, _ in CANDIDATES}
+    for _ in range(passes):
+        times = np.empty((iters, len(CANDIDATES)))
+        for i in range(iters):
+            for j, (_, algorithm, overrides) in enumerate(CANDIDATES):
+                comm.Barrier()
+                t = time.perf_counter()
+                allreduce(buf, algorithm=algorithm, **overrides)
+                times[i, j] = time.perf_counter() - t
+        slowest = np.empty_like(times)
+        comm.Allreduce(times, slowest, op=MPI.MAX)
+        for j, (name, _, _) in enumerate(CANDIDATES):
+            best[name] = min(best[name], float(np.median(slowest[:, j])))
+    return best
 
 
-def measure(sizes: Sequence[int], seconds: float, min_iters: int) -> List[Dict]:
+def measure(sizes: Sequence[int], seconds: float, min_iters: int, passes: int = 3) -> List[Dict]:
     from mpi4py import MPI
     from ..runtime import Context
     from .. import config
@@ -64,7 +71,7 @@ def measure(sizes: Sequence[int], seconds: float, min_iters: int) -> List[Dict]:
     base = config.current()
     rows = []
     for size in sizes:
-        times = _time_size(comm, size, seconds, min_iters)
+        times = _time_size(comm, size, seconds, min_iters, passes)
         best = min(times, key=times.get)
         _, algorithm, overrides = next(c for c in CANDIDATES if c[0] == best)
         plan = ctx.plan(base.with_overrides(algorithm=algorithm, **overrides), max(1, size // 4),
@@ -84,7 +91,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default=DEFAULT_SIZES)
     ap.add_argument("--seconds", type=float, default=0.5, help="time budget per size and candidate")
-    ap.add_argument("--min-iters", type=int, default=5)
+    ap.add_argument("--min-iters", type=int, default=5, help="timed calls per candidate and pass, at least")
+    ap.add_argument("--passes", type=int, default=3, help="interleaved passes per size; each candidate keeps its best")
     ap.add_argument("--out", required=True, help="JSON table to write (the MCALLREDUCE_TUNING_FILE format)")
     ns = ap.parse_args(argv)
     os.environ["MCALLREDUCE_TUNING_FILE"] = "none"   # measure the built-in rules, not a table's
@@ -93,7 +101,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from mpi4py import MPI
     from ..runtime import Context
     hosts = Context.get(MPI.COMM_WORLD).hosts
-    rows = measure([parse_size(s, "--sizes") for s in ns.sizes.split(",") if s], ns.seconds, ns.min_iters)
+    rows = measure([parse_size(s, "--sizes") for s in ns.sizes.split(",") if s], ns.seconds, ns.min_iters, ns.passes)
     if MPI.COMM_WORLD.Get_rank() == 0:
         layout = f"{len(hosts)}h{max(len(h) for h in hosts)}r"
         table = {"measured": True, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
