@@ -23,7 +23,7 @@ class ThreadedLoader:
     ``prefetch`` batches are decoded ahead of the one being consumed. ``state_dict``
     counts batches actually handed to the caller, so a resume is exact.
     ``batch_transform`` is applied to each collated batch in the consuming thread,
-    e.g. ``transforms.Normalize(device="cuda")`` after ``TrainTransform(normalize=False)``:
+    e.g. ``normalize.Normalize(device="cuda")`` after ``TrainTransform(normalize=False)``:
     the decode threads then hand out uint8 images and one vectorised op per batch
     turns them into normalised floats (as FFCV and DALI do).
     """

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from mcallreduce.data import (ImageStore, InMemoryDistributedSampler, InMemoryImageFolder, MemoryBudgetError,
                               StoreCorruptError, StoreFile, ThreadedLoader, TrainTransform)
-from mcallreduce.data.bench import memory_of_process
+from mcallreduce.data.bench_measure import memory_of_process
 
 comm = MPI.COMM_WORLD
 

@@ -14,8 +14,10 @@ from _imagefolder import imagefolder_order
 from mcallreduce.data import (EvalTransform, ImageFolder, ImageStore, InMemoryDistributedSampler,
                               InMemoryImageFolder, StoreFile, ThreadedLoader, TrainTransform)
 from mcallreduce.data import transforms as transforms_mod
-from mcallreduce.data.transforms import (Normalize, _cv2, _scale_for, _torch_resize_op, crop_resize, decode_crop,
-                                        decode_region, image_size, random_resized_crop_box, resizer_name)
+from mcallreduce.data.crop_boxes import random_resized_crop_box
+from mcallreduce.data.decode import _scale_for, decode_crop, decode_region, image_size
+from mcallreduce.data.normalize import Normalize
+from mcallreduce.data.resize import _cv2, _torch_resize_op, crop_resize, resizer_name
 
 # The antialiased resizers available here (torch's kernel needs torch >= 2.1 on AVX2); cv2 is opt-in, not antialiased.
 ANTIALIASED = ["pil"] + (["torch"] if _torch_resize_op() is not None else [])

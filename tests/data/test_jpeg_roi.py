@@ -19,8 +19,10 @@ from PIL import Image
 from mcallreduce import config
 from mcallreduce.data import ImageStore, jpeg
 from mcallreduce.data.photos import photo_paths
-from mcallreduce.data.transforms import (EvalTransform, TrainTransform, _scale_for, _torch_resize_op, centre_crop_box,
-                                         decode_crop, decoder_name, image_size, random_resized_crop_box)
+from mcallreduce.data.crop_boxes import centre_crop_box, random_resized_crop_box
+from mcallreduce.data.decode import _scale_for, decode_crop, decoder_name, image_size
+from mcallreduce.data.resize import _torch_resize_op
+from mcallreduce.data.transforms import EvalTransform, TrainTransform
 
 CAN_BUILD = os.path.exists("/usr/include/jpeglib.h") and shutil.which(sysconfig.get_config_var("CC").split()[0] or "cc")
 
