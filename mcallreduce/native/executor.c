@@ -10,8 +10,9 @@
  *             one-host shared-memory stage (publish, check, reduce a color, sync, collect);
  *   done   -> postscale, then reported to Python by the next drain.
  *
- * A peer's goodbye fails the runs it will never take part in. module.c is the Python
- * interface; Python (mcallreduce/engine.py) serialises calls into an Engine: it is not
+ * A peer's goodbye fails the runs it will never take part in. The bodies other than a
+ * schedule live in collective.c and shared_stage.c, the wake-up and goodbye requests in
+ * standing.c; module.c is the Python interface; Python (mcallreduce/engine.py) serialises calls into an Engine: it is not
  * thread-safe on its own, but any one call may block in MPI with the GIL released.
  */
 #include "executor.h"   /* Python.h first: it sets the POSIX feature macros */
@@ -24,8 +25,6 @@ double now_s(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-
-
 
 int add_request(EngineObject *e, MPI_Request req, run_t *r, int32_t step) {
     if (e->nreqs == e->cap) {
@@ -63,25 +62,6 @@ void pool_give(EngineObject *e, void *p, size_t bytes) {
     for (int i = 0; i < POOL_SLOTS; i++)
         if (!e->pool[i]) { e->pool[i] = p; e->pool_bytes[i] = bytes; return; }
     free(p);
-}
-
-static void color_range(int64_t nelem, int nranks, int color, int64_t *lo, int64_t *count) {
-    int64_t base = nelem / nranks, extra = nelem % nranks;
-    *lo = color * base + (color < extra ? color : extra);
-    *count = base + (color < extra ? 1 : 0);
-}
-
-static char *area(EngineObject *e, int i) { return e->win_base + (int64_t)i * e->slot_bytes; }
-
-/* ---- the shared stage's sync 2: a zero-byte message to and from every other rank */
-
-static void post_sync(EngineObject *e, run_t *r) {
-    r->pending = 2 * (e->size - 1);
-    for (int q = 0; q < e->size; q++) {
-        if (q == e->rank) continue;
-        POST(e, r, OWNER_SYNC, MPI_Irecv(&e->sync_recv, 0, MPI_BYTE, q, r->tag0 + e->sync_tag, e->comm, &req_));
-        POST(e, r, OWNER_SYNC, MPI_Isend(&e->sync_send, 0, MPI_BYTE, q, r->tag0 + e->sync_tag, e->comm, &req_));
-    }
 }
 
 /* ---- bodies */
@@ -145,107 +125,6 @@ static void start_schedule(EngineObject *e, run_t *r) {
     post_ready(e, r);
 }
 
-static MPI_Datatype mpi_type(int dtype) {
-    switch (dtype) {
-    case DT_F32: return MPI_FLOAT;
-    case DT_F64: return MPI_DOUBLE;
-    case DT_I32: return MPI_INT32_T;
-    case DT_I64: return MPI_INT64_T;
-    default: return MPI_DATATYPE_NULL;
-    }
-}
-
-static MPI_Op mpi_op(int op) {
-    switch (op) {
-    case OP_MIN: return MPI_MIN;
-    case OP_MAX: return MPI_MAX;
-    case OP_PRODUCT: return MPI_PROD;
-    default: return MPI_SUM;
-    }
-}
-
-/* MPI collectives start in call order on every rank: the queue's head goes first. */
-static void pump_collectives(EngineObject *e) {
-    while (e->coll_head && (e->coll_head->done || e->coll_head->coll_ready)) {
-        run_t *r = e->coll_head;
-        e->coll_head = r->next;
-        if (!e->coll_head) e->coll_tail = NULL;
-        r->next = NULL;
-        if (r->done) continue;
-        if (r->nelem == 0) { finish(e, r, STATUS_OK); continue; }
-        if (r->blocking) {   /* MPI's blocking allreduce: no libnbc progress rounds */
-            e->in_mpi = "MPI_Allreduce";
-            int rc = MPI_Allreduce(MPI_IN_PLACE, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), e->coll);
-            e->in_mpi = NULL;
-            if (rc != MPI_SUCCESS) fail_run(e, r, "MPI_Allreduce", rc);
-            else finish(e, r, STATUS_OK);
-            continue;
-        }
-        MPI_Request req;
-        e->in_mpi = "MPI_Iallreduce";
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), e->coll, &req);
-        e->in_mpi = NULL;
-        if (rc != MPI_SUCCESS) { fail_run(e, r, "MPI_Iallreduce", rc); continue; }
-        if (add_request(e, req, r, OWNER_COLLECTIVE) < 0) fail_run(e, r, "out of memory", MPI_SUCCESS);
-    }
-}
-
-/* Shared memory, step 1: publish this rank's data into its slot, then the check (sync 1). */
-static void shm_publish(EngineObject *e, run_t *r) {
-    char *slot = area(e, e->rank);
-    if (r->pre != 1.0) {
-        memcpy(slot, r->buf, (size_t)(r->nelem * r->isz));
-        scale_buffer(r->dtype, slot, r->nelem, r->pre);
-    } else {   /* all but this rank's own color, which it reduces from its buffer */
-        int64_t lo, count;
-        color_range(r->nelem, e->size, e->rank, &lo, &count);
-        memcpy(slot, r->buf, (size_t)(lo * r->isz));
-        memcpy(slot + (lo + count) * r->isz, r->buf + (lo + count) * r->isz,
-               (size_t)((r->nelem - lo - count) * r->isz));
-    }
-    MPI_Win_sync(e->win);
-    start_check(e, r);
-}
-
-/* Rank q's copy of the data at byte `off`: this rank's own color is read from its buffer. */
-static const char *shm_source(EngineObject *e, run_t *r, int q, size_t off) {
-    return (q == e->rank && r->pre == 1.0) ? r->buf + off : area(e, q) + off;
-}
-
-/* Step 2: fold color `rank` of every rank's data, in rank order, into the result area. */
-static void shm_reduce(EngineObject *e, run_t *r) {
-    MPI_Win_sync(e->win);
-    int64_t lo, count;
-    color_range(r->nelem, e->size, e->rank, &lo, &count);
-    size_t off = (size_t)(lo * r->isz), bytes = (size_t)(count * r->isz);
-    char *out = area(e, e->size) + off;
-    if (e->size == 1) memcpy(out, shm_source(e, r, 0, off), bytes);
-    else combine_into(r->dtype, r->op, out, shm_source(e, r, 0, off), shm_source(e, r, 1, off), count);
-    for (int q = 2; q < e->size; q++) reduce_into(r->dtype, r->op, out, shm_source(e, r, q, off), count, 0);
-    MPI_Win_sync(e->win);
-    r->color_t = calloc(2, sizeof(double));   /* this rank's color: reduced now, broadcast by the collect */
-    if (r->color_t) { r->ncolors = 1; r->first_color = e->rank; r->color_t[0] = r->color_t[1] = now_s(); }
-    post_sync(e, r);
-}
-
-/* Step 3, once every peer's sync 2 arrived: copy the result area into the buffer. */
-static void shm_collect(EngineObject *e, run_t *r) {
-    MPI_Win_sync(e->win);
-    memcpy(r->buf, area(e, e->size), (size_t)(r->nelem * r->isz));
-    if (r->ncolors) r->color_t[1] = now_s();
-    finish(e, r, STATUS_OK);
-}
-
-static void shm_next(EngineObject *e) {
-    while (e->shm_head && e->shm_head->done) {
-        run_t *r = e->shm_head;
-        e->shm_head = r->next;
-        if (!e->shm_head) e->shm_tail = NULL;
-        r->next = NULL;
-        if (e->shm_head) shm_publish(e, e->shm_head);
-    }
-}
-
 void checked(EngineObject *e, run_t *r) {
     r->meta_checked = 1;
     r->t_checked = now_s();
@@ -304,51 +183,6 @@ void fail_run(EngineObject *e, run_t *r, const char *what, int rc) {
 }
 
 /* ------------------------------------------------------------------ progress */
-
-/* The wake-up is a generalized request rather than a message to self: completing it touches
-   only the request and its waiter, never the matching engine or a transport, so the thread
-   that wakes the executor does no point-to-point MPI next to the one that progresses it. */
-static int wake_query(void *extra, MPI_Status *status) {
-    (void)extra;
-    MPI_Status_set_elements(status, MPI_BYTE, 0);
-    MPI_Status_set_cancelled(status, 0);
-    status->MPI_SOURCE = MPI_UNDEFINED;
-    status->MPI_TAG = MPI_UNDEFINED;
-    return MPI_SUCCESS;
-}
-
-static int wake_free(void *extra) { (void)extra; return MPI_SUCCESS; }
-
-static int wake_cancel(void *extra, int complete) { (void)extra; (void)complete; return MPI_SUCCESS; }
-
-void post_wake(EngineObject *e) {
-    MPI_Request req;
-    if (MPI_Grequest_start(wake_query, wake_free, wake_cancel, NULL, &req) != MPI_SUCCESS) return;
-    pthread_mutex_lock(&e->wake_lock);
-    e->wake_req = req;
-    e->wake_armed = 1;
-    pthread_mutex_unlock(&e->wake_lock);
-    add_request(e, req, NULL, OWNER_WAKE);
-}
-
-int wake(EngineObject *e) {
-    int rc = MPI_SUCCESS;
-    __atomic_add_fetch(&e->wakes_sending, 1, __ATOMIC_SEQ_CST);
-    pthread_mutex_lock(&e->wake_lock);
-    if (e->wake_armed) {   /* disarmed: a wake-up is on its way already, and covers this one */
-        e->wake_armed = 0;
-        rc = MPI_Grequest_complete(e->wake_req);
-    }
-    pthread_mutex_unlock(&e->wake_lock);
-    __atomic_sub_fetch(&e->wakes_sending, 1, __ATOMIC_SEQ_CST);
-    return rc;
-}
-
-void post_goodbye(EngineObject *e) {
-    MPI_Request req;
-    if (MPI_Irecv(&e->bye_seq, 1, MPI_LONG_LONG, MPI_ANY_SOURCE, 0, e->bye, &req) == MPI_SUCCESS)
-        add_request(e, req, NULL, OWNER_GOODBYE);
-}
 
 /* Fail every run that cannot finish: from `seq` on (a peer left before starting it), or all
    (seq < 0: the stall limit). Their requests stay posted, so the runs are kept, not freed. */
@@ -517,17 +351,3 @@ void start_run(EngineObject *e, run_t *r) {
         start_check(e, r);
     }
 }
-
-/* Cancel the engine's own standing receive (the wake or the goodbye one) and forget it. */
-void cancel_standing(EngineObject *e, int32_t owner) {
-    for (int i = 0; i < e->nreqs; i++) {
-        if (e->owner_step[i] != owner) continue;
-        MPI_Cancel(&e->reqs[i]);
-        MPI_Wait(&e->reqs[i], MPI_STATUS_IGNORE);
-        int last = --e->nreqs;
-        e->reqs[i] = e->reqs[last]; e->owner_run[i] = e->owner_run[last]; e->owner_step[i] = e->owner_step[last];
-        return;
-    }
-}
-
-

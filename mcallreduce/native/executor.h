@@ -127,10 +127,21 @@ void progress(EngineObject *e, int block, run_t *until);   /* without the GIL */
 PyObject *drain(EngineObject *e);                     /* finished runs, with the GIL */
 PyObject *outcome_payload(run_t *r);                  /* what Python raises for a finished run */
 void free_run(run_t *r);
+
+/* standing.c: the wake-up and goodbye requests every wait includes */
 void post_wake(EngineObject *e);
 int wake(EngineObject *e);            /* from any thread: MPI_SUCCESS or the MPI error */
 void post_goodbye(EngineObject *e);
 void cancel_standing(EngineObject *e, int32_t owner);
+
+/* collective.c: MPI's own allreduce, started in call order */
+void pump_collectives(EngineObject *e);
+
+/* shared_stage.c: the one-host shared-memory stage */
+void shm_publish(EngineObject *e, run_t *r);   /* step 1, then the check */
+void shm_reduce(EngineObject *e, run_t *r);    /* step 2, once checked: this rank's color, then sync 2 */
+void shm_collect(EngineObject *e, run_t *r);   /* step 3, once sync 2 is done */
+void shm_next(EngineObject *e);                /* the queue's head finished: publish the next */
 
 /* check.c: the cross-rank metadata check */
 void start_check(EngineObject *e, run_t *r);

@@ -122,7 +122,7 @@ DEFINE_LOOPS(s64, int64_t)
 #undef ADD
 #undef MUL
 
-static void f16_reduce(int op, uint16_t *restrict d, const uint16_t *restrict s, int64_t n, int left) {
+static inline void f16_reduce(int op, uint16_t *restrict d, const uint16_t *restrict s, int64_t n, int left) {
     for (int64_t i = 0; i < n; i++) {
         float a = half_to_float(left ? s[i] : d[i]), b = half_to_float(left ? d[i] : s[i]), r;
         switch (op) {
@@ -136,7 +136,7 @@ static void f16_reduce(int op, uint16_t *restrict d, const uint16_t *restrict s,
 }
 
 /* dst = op(dst, src) over n elements (operands swapped when left). */
-static void reduce_into(int dtype, int op, void *dst, const void *src, int64_t n, int left) {
+static inline void reduce_into(int dtype, int op, void *dst, const void *src, int64_t n, int left) {
     switch (dtype) {
     case DT_F16: f16_reduce(op, dst, src, n, left); break;
     case DT_F32: f32_reduce(op, dst, src, n, left); break;
@@ -152,7 +152,7 @@ static void reduce_into(int dtype, int op, void *dst, const void *src, int64_t n
     }
 }
 
-static void f16_combine(int op, uint16_t *restrict o, const uint16_t *a, const uint16_t *b, int64_t n) {
+static inline void f16_combine(int op, uint16_t *restrict o, const uint16_t *a, const uint16_t *b, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float x = half_to_float(a[i]), y = half_to_float(b[i]), r;
         switch (op) {
@@ -166,7 +166,7 @@ static void f16_combine(int op, uint16_t *restrict o, const uint16_t *a, const u
 }
 
 /* out = op(a, b) over n elements; out overlaps neither operand. */
-static void combine_into(int dtype, int op, void *out, const void *a, const void *b, int64_t n) {
+static inline void combine_into(int dtype, int op, void *out, const void *a, const void *b, int64_t n) {
     switch (dtype) {
     case DT_F16: f16_combine(op, out, a, b, n); break;
     case DT_F32: f32_combine(op, out, a, b, n); break;
@@ -184,7 +184,7 @@ static void combine_into(int dtype, int op, void *out, const void *a, const void
 
 /* buf *= factor in place, as Horovod scales CPU buffers: float16 through float32, float32 and
  * float64 in their own type, integers in float64 and truncated. */
-static void scale_buffer(int dtype, void *buf, int64_t n, double factor) {
+static inline void scale_buffer(int dtype, void *buf, int64_t n, double factor) {
     int64_t i;
     if (factor == 1.0) return;
     switch (dtype) {

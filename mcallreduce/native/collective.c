@@ -1,0 +1,48 @@
+/* MPI's own allreduce as a run's body: started in call order on every rank (a queue on
+ * the engine), blocking when the run is the only one in flight, else MPI_Iallreduce. */
+#include "executor.h"
+
+static MPI_Datatype mpi_type(int dtype) {
+    switch (dtype) {
+    case DT_F32: return MPI_FLOAT;
+    case DT_F64: return MPI_DOUBLE;
+    case DT_I32: return MPI_INT32_T;
+    case DT_I64: return MPI_INT64_T;
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+
+static MPI_Op mpi_op(int op) {
+    switch (op) {
+    case OP_MIN: return MPI_MIN;
+    case OP_MAX: return MPI_MAX;
+    case OP_PRODUCT: return MPI_PROD;
+    default: return MPI_SUM;
+    }
+}
+
+/* MPI collectives start in call order on every rank: the queue's head goes first. */
+void pump_collectives(EngineObject *e) {
+    while (e->coll_head && (e->coll_head->done || e->coll_head->coll_ready)) {
+        run_t *r = e->coll_head;
+        e->coll_head = r->next;
+        if (!e->coll_head) e->coll_tail = NULL;
+        r->next = NULL;
+        if (r->done) continue;
+        if (r->nelem == 0) { finish(e, r, STATUS_OK); continue; }
+        if (r->blocking) {   /* MPI's blocking allreduce: no libnbc progress rounds */
+            e->in_mpi = "MPI_Allreduce";
+            int rc = MPI_Allreduce(MPI_IN_PLACE, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), e->coll);
+            e->in_mpi = NULL;
+            if (rc != MPI_SUCCESS) fail_run(e, r, "MPI_Allreduce", rc);
+            else finish(e, r, STATUS_OK);
+            continue;
+        }
+        MPI_Request req;
+        e->in_mpi = "MPI_Iallreduce";
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), e->coll, &req);
+        e->in_mpi = NULL;
+        if (rc != MPI_SUCCESS) { fail_run(e, r, "MPI_Iallreduce", rc); continue; }
+        if (add_request(e, req, r, OWNER_COLLECTIVE) < 0) fail_run(e, r, "out of memory", MPI_SUCCESS);
+    }
+}
