@@ -16,8 +16,8 @@
 | MCALLREDUCE_TUNING_FILE      | a tuning table (JSON), none    | built-in   |
 
 The Horovod plugin's three (functions at the end of this module, read when asked, because
-the startup hook decides before anything heavy is imported; this module imports only the
-standard library):
+the startup hook decides before anything heavy is imported; this module and its parsers,
+:mod:`mcallreduce.envparse` and :mod:`mcallreduce.units`, import only the standard library):
 
 | variable                     | values                         | default    |
 |------------------------------|--------------------------------|------------|
@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
+from .envparse import parse_choice, parse_integer, parse_seconds, parse_switch
 from .errors import ConfigError
 from .units import parse_size
 
@@ -55,40 +56,6 @@ __all__ = ["ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_si
 #: every algorithm the runtime accepts; "mpi" is MPI_Allreduce itself (stock Horovod's CPU path).
 #: The first three are schedules (``algorithms.SCHEDULED``, checked equal by the tests).
 ALGORITHMS = ("multicolor", "ring", "doubling", "mpi")
-
-
-def _integer(variable: str, value: Optional[str], low: int, auto: bool = True) -> Optional[int]:
-    """An integer >= ``low``; None when unset (or 'auto', where ``auto`` allows it)."""
-    if not value or (auto and value.lower() == "auto"):
-        return None
-    allowed = f"'auto' or an integer >= {low}" if auto else f"an integer >= {low}"
-    try:
-        number = int(value)
-    except ValueError:
-        number = low - 1
-    if number < low:
-        raise ConfigError(f"{variable}={value!r}: allowed values are {allowed}")
-    return number
-
-
-def _switch(variable: str, value: Optional[str], auto: bool = True) -> Optional[bool]:
-    """1/0 (yes/no, true/false, on/off) as True/False; None when unset (or 'auto', where allowed)."""
-    if not value or (auto and value.lower() == "auto"):
-        return None
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    allowed = "'auto', 1, 0" if auto else "1, 0"
-    raise ConfigError(f"{variable}={value!r}: allowed values are {allowed}")
-
-
-def _choice(variable: str, value: str, allowed: Sequence[str]) -> str:
-    """``value`` (lower-cased) if it is one of ``allowed``."""
-    value = value.lower()
-    if value not in allowed:
-        raise ConfigError(f"{variable}={value!r}: allowed values are {', '.join(allowed)}")
-    return value
 
 
 # Across hosts, pipeline segments stay under Open MPI's TCP eager limit: a larger message waits
@@ -129,7 +96,7 @@ ROUTES = ("tree", "ring")
 def _route(value: Optional[str]) -> Optional[str]:
     if value is None or value.lower() == "auto":
         return None
-    return _choice("MCALLREDUCE_ROUTE", value, ROUTES + ("auto",))
+    return parse_choice("MCALLREDUCE_ROUTE", value, ROUTES + ("auto",))
 
 
 @dataclass(frozen=True)
@@ -159,12 +126,12 @@ class Config:
             return None if value is None or value.strip() == "" else value.strip()
 
         def integer(name: str, low: int, auto: bool = True) -> Optional[int]:
-            return _integer("MCALLREDUCE_" + name, get(name), low, auto)
+            return parse_integer("MCALLREDUCE_" + name, get(name), low, auto)
 
         def boolean(name: str, auto: bool) -> Optional[bool]:
-            return _switch("MCALLREDUCE_" + name, get(name), auto)
+            return parse_switch("MCALLREDUCE_" + name, get(name), auto)
 
-        algorithm = _choice("MCALLREDUCE_ALGORITHM", get("ALGORITHM") or "multicolor", ALGORITHMS)
+        algorithm = parse_choice("MCALLREDUCE_ALGORITHM", get("ALGORITHM") or "multicolor", ALGORITHMS)
         segment = get("SEGMENT_BYTES")
         if segment is not None and segment.lower() != "auto":
             segment_bytes: Optional[int] = parse_size(segment, "MCALLREDUCE_SEGMENT_BYTES")
@@ -202,6 +169,7 @@ class Config:
 
 
 _overridden: dict = {}  # memo for with_overrides: allreduce calls repeat the same few overrides
+
 
 def _existing_file(path: Optional[str]) -> Optional[str]:
     if path is not None and path.lower() == "none":   # no table at all, not even the built-in one
@@ -247,7 +215,7 @@ def _env(environ: Optional[Mapping[str, str]], name: str) -> str:
 
 def horovod_switch(environ: Optional[Mapping[str, str]] = None) -> Optional[bool]:
     """MCALLREDUCE_HOROVOD as True, False or None (unset/auto)."""
-    return _switch(HOROVOD_SWITCH, _env(environ, HOROVOD_SWITCH))
+    return parse_switch(HOROVOD_SWITCH, _env(environ, HOROVOD_SWITCH))
 
 
 def horovod_requested_by_startup_hook(environ: Optional[Mapping[str, str]] = None) -> bool:
@@ -275,7 +243,7 @@ def bucket_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
         fusion = _env(environ, FUSION_VARIABLE)
         if not fusion:
             return DEFAULT_BUCKET_BYTES
-        threshold = _integer(FUSION_VARIABLE, fusion, 0, auto=False)
+        threshold = parse_integer(FUSION_VARIABLE, fusion, 0, auto=False)
         return max(1, threshold)
     size = parse_size(value, BUCKET_VARIABLE)
     if size <= 0:
@@ -311,13 +279,7 @@ def _seconds(environ: Optional[Mapping[str, str]], suffix: str) -> Optional[floa
     for prefix in ("MCALLREDUCE_", "HOROVOD_"):
         value = _env(environ, prefix + suffix)
         if value:
-            try:
-                number = float(value)
-            except ValueError:
-                number = -1.0
-            if number < 0:
-                raise ConfigError(f"{prefix + suffix}={value!r}: expected a number of seconds >= 0")
-            return number
+            return parse_seconds(prefix + suffix, value)
     return None
 
 
@@ -325,7 +287,7 @@ def stall_check_seconds(environ: Optional[Mapping[str, str]] = None) -> Optional
     """Seconds a call may wait before it is reported (*_STALL_CHECK_TIME_SECONDS, default 60);
     None when *_STALL_CHECK_DISABLE=1."""
     for prefix in ("MCALLREDUCE_", "HOROVOD_"):
-        if _switch(prefix + "STALL_CHECK_DISABLE", _env(environ, prefix + "STALL_CHECK_DISABLE"), auto=False):
+        if parse_switch(prefix + "STALL_CHECK_DISABLE", _env(environ, prefix + "STALL_CHECK_DISABLE"), auto=False):
             return None
     seconds = _seconds(environ, "STALL_CHECK_TIME_SECONDS")
     return STALL_CHECK_SECONDS if seconds is None else seconds
@@ -371,7 +333,7 @@ class data:
     @staticmethod
     def flag(name: str) -> Optional[bool]:
         """True/False for 1/0 (yes/no, true/false); None for 'auto'."""
-        return _switch(DATA_PREFIX + name, data.raw(name))
+        return parse_switch(DATA_PREFIX + name, data.raw(name))
 
     @staticmethod
     def memory_limit() -> Optional[int]:
@@ -395,12 +357,12 @@ class data:
 
     @staticmethod
     def partition() -> str:
-        return _choice(DATA_PREFIX + "PARTITION", data.raw("PARTITION"), ("split", "full", "auto"))
+        return parse_choice(DATA_PREFIX + "PARTITION", data.raw("PARTITION"), ("split", "full", "auto"))
 
     @staticmethod
     def ranks_per_host() -> Optional[int]:
         """MCALLREDUCE_RANKS_PER_HOST (shared with the engine), read now."""
-        return _integer("MCALLREDUCE_RANKS_PER_HOST", _env(None, "MCALLREDUCE_RANKS_PER_HOST"), 1)
+        return parse_integer("MCALLREDUCE_RANKS_PER_HOST", _env(None, "MCALLREDUCE_RANKS_PER_HOST"), 1)
 
     @staticmethod
     def use_mpi() -> Optional[bool]:
@@ -412,8 +374,8 @@ class data:
 
     @staticmethod
     def threads() -> int:
-        return _integer(DATA_PREFIX + "THREADS", data.raw("THREADS"), 1, auto=False)
+        return parse_integer(DATA_PREFIX + "THREADS", data.raw("THREADS"), 1, auto=False)
 
     @staticmethod
     def decoder() -> str:
-        return _choice(DATA_PREFIX + "DECODER", data.raw("DECODER"), ("auto", "turbo", "simplejpeg", "pil"))
+        return parse_choice(DATA_PREFIX + "DECODER", data.raw("DECODER"), ("auto", "turbo", "simplejpeg", "pil"))

@@ -28,5 +28,5 @@ def __getattr__(name):
 def is_active() -> bool:
     """True once hvd.init() has switched Horovod's allreduces over to mcallreduce."""
     import sys
-    routing = sys.modules.get("mcallreduce.horovod.routing")
-    return bool(routing and routing.ROUTER.active)
+    router = sys.modules.get("mcallreduce.horovod.router")
+    return bool(router and router.ROUTER.active)

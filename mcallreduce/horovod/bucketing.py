@@ -22,7 +22,7 @@ import torch
 
 from .. import config
 from . import state
-from .routing import ROUTER, supported
+from .router import ROUTER, supported
 
 
 class Bucket:
@@ -143,7 +143,7 @@ class _BucketedMethods:
         else:
             kind, pre, post = "sum", 1.0, 1.0
         # The metadata check runs every step although the layout never changes: a rank inside
-        # hvd.join() learns from it what to contribute zeros to (see routing.py).
+        # hvd.join() learns from it what to contribute zeros to (see join.py).
         bucket.routed = ROUTER.start(bucket.label, [bucket.flat], kind, pre, post, shapes=bucket.layout)
         state.counters["buckets"] += 1
 

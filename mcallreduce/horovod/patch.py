@@ -16,7 +16,8 @@ import warnings
 from .. import config
 from . import state, timeline
 from .bucketing import make_distributed_optimizer
-from .routing import ROUTER, MpiLibProxy
+from .router import ROUTER
+from .routing import MpiLibProxy
 
 
 def patch_horovod_torch(hvd, route_all: bool = True) -> None:

@@ -1,0 +1,58 @@
+"""Parsers for the values of environment variables: integers, switches, choices and seconds.
+
+Each takes the variable's name and its text, and raises :class:`ConfigError` naming the
+variable and the allowed values. Standard library only, as :mod:`mcallreduce.config`, which
+reads every variable and parses it with these (sizes: :func:`mcallreduce.units.parse_size`).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from .errors import ConfigError
+
+__all__ = ["parse_integer", "parse_switch", "parse_choice", "parse_seconds"]
+
+
+def parse_integer(variable: str, value: Optional[str], low: int, auto: bool = True) -> Optional[int]:
+    """An integer >= ``low``; None when unset (or 'auto', where ``auto`` allows it)."""
+    if not value or (auto and value.lower() == "auto"):
+        return None
+    allowed = f"'auto' or an integer >= {low}" if auto else f"an integer >= {low}"
+    try:
+        number = int(value)
+    except ValueError:
+        number = low - 1
+    if number < low:
+        raise ConfigError(f"{variable}={value!r}: allowed values are {allowed}")
+    return number
+
+
+def parse_switch(variable: str, value: Optional[str], auto: bool = True) -> Optional[bool]:
+    """1/0 (yes/no, true/false, on/off) as True/False; None when unset (or 'auto', where allowed)."""
+    if not value or (auto and value.lower() == "auto"):
+        return None
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    allowed = "'auto', 1, 0" if auto else "1, 0"
+    raise ConfigError(f"{variable}={value!r}: allowed values are {allowed}")
+
+
+def parse_choice(variable: str, value: str, allowed: Sequence[str]) -> str:
+    """``value`` (lower-cased) if it is one of ``allowed``."""
+    value = value.lower()
+    if value not in allowed:
+        raise ConfigError(f"{variable}={value!r}: allowed values are {', '.join(allowed)}")
+    return value
+
+
+def parse_seconds(variable: str, value: str) -> float:
+    """A number of seconds >= 0."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if number < 0:
+        raise ConfigError(f"{variable}={value!r}: expected a number of seconds >= 0")
+    return number

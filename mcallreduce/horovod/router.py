@@ -1,0 +1,122 @@
+"""The engine side of the plugin: routed handles, and the one Router that starts them and
+keeps those in flight under their handle numbers until Horovod's synchronize() clears them.
+
+Routed handles are negative ints, Horovod's own are positive, so poll/synchronize know where
+each handle belongs. The mpi_lib proxy (:mod:`.routing`), the optimizer's buckets
+(:mod:`.bucketing`) and hvd.join() (:mod:`.join`) all start their allreduces here.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Dict, Optional, Sequence
+
+import torch
+
+from .companion import ORDER_ADVICE, metadata_vector, mismatch
+
+#: the dtypes the engine reduces (the companion vector encodes each)
+SUPPORTED_DTYPES = {torch.float16, torch.float32, torch.float64, torch.int32, torch.int64}
+
+
+def supported(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dtype in SUPPORTED_DTYPES and not t.is_sparse and t.is_contiguous()
+
+
+class Routed:
+    """One routed Horovod handle: a metadata check plus one or more engine allreduces."""
+
+    def __init__(self, name: str, check, parts: Sequence, unpack=None):
+        self.name, self.check, self.parts, self.unpack = name, check, list(parts), unpack
+
+    def test(self) -> bool:
+        try:
+            return all(h.test() for h in [self.check] + self.parts)
+        except Exception:
+            return True      # finished with an error: synchronize() raises it
+
+    def wait(self) -> None:
+        """Wait for every part (so the ranks stay in step), then raise the first error.
+
+        Results reach the user's tensors (``unpack``) only when everything passed."""
+        error: Optional[BaseException] = None
+        for h in [self.check] + self.parts:
+            try:
+                h.wait()
+            except Exception as exc:   # MismatchError, TypeError, ... from the engine
+                error = error or exc
+        differs = mismatch(self.check.result) if self.check.error is None else None
+        if differs:
+            raise RuntimeError(
+                f"mcallreduce: allreduce of tensor '{self.name}' does not match the other ranks' "
+                f"allreduce at the same position ({differs} differs); the tensor was left unchanged. "
+                + ORDER_ADVICE)
+        if error is not None:
+            from mcallreduce.errors import MismatchError
+            advice = f" The tensor was left unchanged. {ORDER_ADVICE}" if isinstance(error, MismatchError) else ""
+            raise RuntimeError(f"mcallreduce: allreduce of tensor '{self.name}' failed: {error}.{advice}") \
+                from error
+        if self.unpack is not None:
+            self.unpack()
+
+
+class Finished:
+    """A handle that is done already (hvd.join's, once the join has completed)."""
+    name = "join"
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        pass
+
+
+class Router:
+    """The engine side shared by the mpi_lib proxy and the optimizer's buckets."""
+
+    def __init__(self):
+        self.active = False
+        self.route_all = False     # False: only op=MultiColor calls (op-only mode)
+        self.comm = None           # the mpi4py communicator of Horovod's global process set
+        self.lock = threading.RLock()   # a metadata check and its data start back to back
+        self.inflight: Dict[int, Routed] = {}
+        self.timeline = None       # a horovod.timeline.Timeline when one is asked for
+        self.names: set = set()    # in flight: Horovod refuses a second tensor of the same name
+        self._next = 0
+
+    def new_handle(self) -> int:
+        self._next -= 1
+        return self._next
+
+    def start(self, name: str, buffers: Sequence, op: str, prescale: float, postscale: float,
+              shapes: str, outs: Optional[Sequence] = None, unpack=None, named: bool = True) -> Routed:
+        """Start the allreduce of ``buffers`` (one engine call each) behind its metadata check.
+
+        Every call carries the check, also a gradient bucket whose layout never changes: a
+        rank inside hvd.join() learns from it what to contribute zeros to. ``named=False``: the
+        user gave no name (``name`` is made up per rank), so the check does not compare it."""
+        from mcallreduce import runtime
+        vec = metadata_vector(name if named else "", shapes, op, prescale, postscale, buffers)
+        with self.lock:
+            check = runtime.allreduce_async(vec, op="max", comm=self.comm)
+            parts = [runtime.allreduce_async(buf, op=op, prescale=prescale, postscale=postscale,
+                                             comm=self.comm, out=None if outs is None else outs[i])
+                     for i, buf in enumerate(buffers)]
+        for handle in [check] + parts:
+            handle.name = name       # for the stall inspector's report
+        if self.timeline is not None:
+            kind = "gradient bucket" if name.startswith("gradient bucket") else "allreduce"
+            self.timeline.record(name, kind, check, parts, sum(b.numel() * b.element_size() for b in buffers))
+        return Routed(name, check, parts, unpack)
+
+    def track(self, handle: int, routed: Routed) -> None:
+        """Keep ``routed`` under ``handle`` (its name taken) until :meth:`clear`."""
+        self.inflight[handle] = routed
+        self.names.add(routed.name)
+
+    def clear(self, handle: int, routed) -> None:
+        with self.lock:
+            self.inflight.pop(handle, None)
+            self.names.discard(routed.name)
+
+
+ROUTER = Router()
