@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         installed = target.exists() and target.read_text() == pth_source().read_text()
         print(f"{target}: {'installed' if installed else 'not installed'}")
         return 0 if installed else 1
-    print(f"usage: python -m mcallreduce.horovod.startup install|uninstall|status", file=sys.stderr)
+    print("usage: python -m mcallreduce.horovod.startup install|uninstall|status", file=sys.stderr)
     return 2
 
 
