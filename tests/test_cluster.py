@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from mcallreduce.config import ConfigError
-from mcallreduce.bench.cluster import Cluster, ClusterError, links, main, namespaces, parse_rate, tbf_options
+from mcallreduce.units import parse_rate
+from mcallreduce.bench.cluster import Cluster, main
+from mcallreduce.bench.netns import ClusterError, links, namespaces, tbf_options
 from mcallreduce.bench.cluster_measure import measure_tcp, parse_size
 
 REPO = Path(__file__).resolve().parents[1]

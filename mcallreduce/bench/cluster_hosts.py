@@ -1,0 +1,133 @@
+"""The emulated cluster's hosts: bringing up (or converging to) the namespaces, bridges, veth
+pairs and tbf qdiscs of a configuration, taking everything named ``<prefix>-*`` down again,
+and the status report of hosts, addresses and shaped rates.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import shutil
+from dataclasses import asdict
+from typing import Optional
+
+from mcallreduce.units import parse_rate
+from mcallreduce.bench.cluster_jobs import kill_processes_in, write_launch_scripts
+from mcallreduce.bench.cluster_state import DEFAULT_SUBNET, ClusterConfig, ClusterState
+from mcallreduce.bench.netns import (ClusterError, links, namespaces, require_root, root_namespace_networks, say, sh,
+                                     tbf_options)
+from mcallreduce.bench.output import write_text
+
+__all__ = ["ClusterHosts"]
+
+
+class ClusterHosts(ClusterState):
+    """Creating, removing and reporting the namespaces and links of a cluster."""
+
+    def up(self, hosts: int, rate: str = "200mbit", ranks_per_host: int = 1, rails: int = 1,
+           subnet: str = DEFAULT_SUBNET) -> ClusterConfig:
+        """Create (or converge to) the cluster; a no-op when it is already up as asked."""
+        require_root()
+        cfg = ClusterConfig(hosts, rate, ranks_per_host, rails, subnet)
+        cfg.validate()
+        old = self.config()
+        leftovers = self._mine(namespaces()) or self._mine(links())
+        if old is not None and (old.hosts, old.rails, old.subnet) != (hosts, rails, subnet):
+            say(f"topology changed ({old.hosts} hosts x {old.rails} rails -> {hosts} x {rails}): rebuilding")
+            self.down()
+        elif old is None and leftovers:
+            say(f"found leftovers of '{self.prefix}' without state (a crash?): removing them first")
+            self.down()
+        self._check_no_overlap(cfg)
+        say(f"up: {hosts} hosts x {rails} rail(s) at {rate}, {ranks_per_host} rank(s) per host")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        have_links = set(links())
+        for rail in range(rails):
+            if self.bridge(rail) not in have_links:
+                sh("ip", "link", "add", self.bridge(rail), "type", "bridge")
+            sh("ip", "link", "set", self.bridge(rail), "addrgenmode", "none", "up")
+        self._ensure_namespace(self.head_ns)
+        self._ensure_nic(self.head_ns, self.head_port, "eth0", self.bridge(0), cfg.head_address(), None)
+        tbf = tbf_options(parse_rate(rate))
+        for host in range(hosts):
+            self._ensure_namespace(self.host_ns(host))
+            for rail in range(rails):
+                self._ensure_nic(self.host_ns(host), self.host_port(host, rail), f"eth{rail}",
+                                 self.bridge(rail), cfg.host_address(host, rail), tbf)
+        write_launch_scripts(self, cfg)
+        write_text(self.state_path, json.dumps(asdict(cfg), indent=1) + "\n", mode=0o644)
+        say(f"up: done; mpirun runs in {self.head_ns} ({cfg.head_address()})")
+        return cfg
+
+    def _check_no_overlap(self, cfg: ClusterConfig) -> None:
+        ours = ipaddress.ip_network(cfg.subnet)
+        for net in root_namespace_networks():
+            if net.overlaps(ours):
+                raise ClusterError(f"--subnet {cfg.subnet} overlaps {net} of this machine: pick another")
+
+    def _ensure_namespace(self, ns: str) -> None:
+        if ns not in namespaces():
+            sh("ip", "netns", "add", ns)
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+
+    def _ensure_nic(self, ns: str, port: str, nic: str, bridge: str, address: str,
+                    tbf: Optional[list[str]]) -> None:
+        """veth ``port`` (root namespace, in ``bridge``) <-> ``nic`` in ``ns``; tbf on both ends."""
+        if port not in links():
+            sh("ip", "link", "add", port, "type", "veth", "peer", "name", nic, "netns", ns)
+        # addrgenmode none: no IPv6 link-local addresses, so no chatter and no stray addresses
+        sh("ip", "link", "set", port, "master", bridge, "addrgenmode", "none", "up")
+        sh("ip", "-n", ns, "link", "set", nic, "addrgenmode", "none", "up")
+        sh("ip", "-n", ns, "addr", "replace", f"{address}/24", "dev", nic)
+        if tbf is not None:
+            sh("tc", "qdisc", "replace", "dev", port, "root", "tbf", *tbf)  # towards the host
+            sh("tc", "-n", ns, "qdisc", "replace", "dev", nic, "root", "tbf", *tbf)  # from the host
+
+    def down(self) -> list[str]:
+        """Remove every namespace, link (and so qdisc) named ``<prefix>-*``, and the state."""
+        require_root()
+        removed: list[str] = []
+        my_namespaces = self._mine(namespaces())
+        kill_processes_in(my_namespaces)
+        for link in sorted(self._mine(links()), key=lambda name: "-br" in name):  # ports first
+            if sh("ip", "link", "del", link, check=False).returncode == 0:
+                removed.append(f"link {link}")
+        for ns in my_namespaces:
+            if sh("ip", "netns", "del", ns, check=False).returncode == 0:
+                removed.append(f"namespace {ns}")
+        if self.state_dir.exists():
+            shutil.rmtree(self.state_dir)
+            removed.append(f"state {self.state_dir}")
+        say(f"down: removed {len(removed)} item(s) of '{self.prefix}'")
+        return removed
+
+    def status_text(self) -> str:
+        cfg = self.config()
+        leftovers = self._mine(namespaces()) + self._mine(links())
+        if cfg is None:
+            extra = f"; leftovers (run down): {', '.join(leftovers)}" if leftovers else ""
+            return f"cluster '{self.prefix}': down{extra}\n"
+        problems = self.problems()
+        lines = [f"cluster '{self.prefix}': {'up' if not problems else 'BROKEN (run up again)'}: "
+                 f"{cfg.hosts} hosts x {cfg.rails} rail(s), rate {cfg.rate} per direction, "
+                 f"{cfg.ranks_per_host} rank(s) per host; state {self.state_path}"]
+        lines += [f"  missing: {p}" for p in problems]
+        lines.append(f"  head  {self.head_ns:<12} eth0 {cfg.head_address():<15} (mpirun runs here, unshaped)")
+        for host in range(cfg.hosts):
+            for rail in range(cfg.rails):
+                ns, nic = self.host_ns(host), f"eth{rail}"
+                out_rate = _tbf_rate(["-n", ns, "qdisc", "show", "dev", nic])
+                in_rate = _tbf_rate(["qdisc", "show", "dev", self.host_port(host, rail)])
+                lines.append(f"  host{host:<2} {ns:<12} {nic} {cfg.host_address(host, rail):<15} "
+                             f"send {out_rate}, receive {in_rate}")
+        return "\n".join(lines) + "\n"
+
+
+def _tbf_rate(tc_args: list[str]) -> str:
+    proc = sh("tc", "-j", *tc_args, check=False)
+    try:
+        for qdisc in json.loads(proc.stdout or "[]"):
+            if qdisc.get("kind") == "tbf":
+                return f"{qdisc['options']['rate'] * 8 / 1e6:g}mbit"
+    except (ValueError, KeyError):
+        pass
+    return "unshaped?"

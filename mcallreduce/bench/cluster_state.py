@@ -1,0 +1,128 @@
+"""The emulated cluster's names and saved state: the configuration of the last ``up``
+(``state.json`` under the cluster's state directory), the names of its namespaces, bridges
+and ports, and what is missing compared with that configuration.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from mcallreduce.units import parse_rate
+from mcallreduce.bench.netns import ClusterError, links, namespaces
+
+__all__ = ["ClusterConfig", "ClusterState", "DEFAULT_PREFIX", "DEFAULT_SUBNET", "STATE_ROOT"]
+
+DEFAULT_PREFIX = os.environ.get("MCALLREDUCE_CLUSTER_PREFIX", "mcar")
+DEFAULT_SUBNET = "10.213.0.0/16"  # rail r is 10.213.r.0/24; host i is .i+1, the head is .254
+STATE_ROOT = Path("/run/mcallreduce-cluster")  # tmpfs: forgotten at reboot, like the namespaces
+HEAD_HOST_NUMBER = 254
+MAX_HOSTS = 253
+PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,6}$")  # keeps "<prefix>-h252r1" within 15 chars
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    hosts: int
+    rate: str = "200mbit"
+    ranks_per_host: int = 1
+    rails: int = 1
+    subnet: str = DEFAULT_SUBNET
+
+    def validate(self) -> None:
+        if not 1 <= self.hosts <= MAX_HOSTS:
+            raise ClusterError(f"--hosts must be 1..{MAX_HOSTS}, got {self.hosts}")
+        if self.rails not in (1, 2):
+            raise ClusterError(f"--rails must be 1 or 2, got {self.rails}")
+        if self.ranks_per_host < 1:
+            raise ClusterError(f"--ranks-per-host must be >= 1, got {self.ranks_per_host}")
+        parse_rate(self.rate)
+        net = ipaddress.ip_network(self.subnet)
+        if net.prefixlen > 24 - (self.rails > 1) or not net.is_private:
+            raise ClusterError(f"--subnet {self.subnet}: need a private /23 or wider (one /24 per rail)")
+
+    def rail_subnet(self, rail: int) -> ipaddress.IPv4Network:
+        return list(ipaddress.ip_network(self.subnet).subnets(new_prefix=24))[rail]
+
+    def host_address(self, host: int, rail: int = 0) -> str:
+        return str(self.rail_subnet(rail)[host + 1])
+
+    def head_address(self) -> str:
+        return str(self.rail_subnet(0)[HEAD_HOST_NUMBER])
+
+    @property
+    def rate_bytes_per_s(self) -> float:
+        return parse_rate(self.rate) / 8
+
+
+class ClusterState:
+    """The names and the recorded state of the emulated cluster ``prefix``, kept in ``state_root/prefix``."""
+
+    def __init__(self, prefix: str = DEFAULT_PREFIX, state_root: Path = STATE_ROOT):
+        if not PREFIX_PATTERN.match(prefix):
+            raise ClusterError(f"bad prefix {prefix!r}: 1-7 chars, [a-z][a-z0-9]*")
+        self.prefix = prefix
+        self.state_dir = Path(state_root) / prefix
+        self.state_path = self.state_dir / "state.json"
+        self.agent_path = self.state_dir / "rsh-agent.sh"
+        self.ssh_dir = self.state_dir / "ssh"   # an ``ssh`` for horovodrun --gloo (run(gloo=True))
+
+    # names: everything this cluster creates starts with "<prefix>-"
+    def host_ns(self, host: int) -> str:
+        return f"{self.prefix}-h{host}"
+
+    @property
+    def head_ns(self) -> str:
+        return f"{self.prefix}-head"
+
+    def bridge(self, rail: int) -> str:
+        return f"{self.prefix}-br{rail}"
+
+    def host_port(self, host: int, rail: int) -> str:
+        return f"{self.prefix}-h{host}r{rail}"
+
+    @property
+    def head_port(self) -> str:
+        return f"{self.prefix}-hdr0"
+
+    def _mine(self, names: Sequence[str]) -> list[str]:
+        return [name for name in names if name.startswith(self.prefix + "-")]
+
+    # state
+    def config(self) -> Optional[ClusterConfig]:
+        """The configuration of the last successful ``up``, or None."""
+        try:
+            return ClusterConfig(**json.loads(self.state_path.read_text()))
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError) as err:
+            raise ClusterError(f"unreadable state {self.state_path} ({err}): run down, then up") from None
+
+    def _up_config(self) -> ClusterConfig:
+        cfg = self.config()
+        if cfg is None:
+            raise ClusterError(f"cluster '{self.prefix}' is not up: run "
+                               f"python -m mcallreduce.bench.cluster up --hosts N first")
+        return cfg
+
+    def problems(self) -> list[str]:
+        """What is missing compared with the recorded configuration (empty: the cluster is up)."""
+        cfg = self.config()
+        if cfg is None:
+            return ["no state file (never brought up, or taken down)"]
+        have_ns, have_links = set(namespaces()), set(links())
+        wanted_ns = [self.head_ns] + [self.host_ns(i) for i in range(cfg.hosts)]
+        wanted_links = [self.bridge(r) for r in range(cfg.rails)] + [self.head_port] + [
+            self.host_port(i, r) for i in range(cfg.hosts) for r in range(cfg.rails)]
+        missing = [f"namespace {n}" for n in wanted_ns if n not in have_ns]
+        missing += [f"link {n}" for n in wanted_links if n not in have_links]
+        if not self.agent_path.exists():
+            missing.append(f"rsh agent {self.agent_path}")
+        return missing
+
+    def is_up(self) -> bool:
+        return os.geteuid() == 0 and not self.problems()
