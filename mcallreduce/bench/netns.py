@@ -1,5 +1,5 @@
 """The Linux side of the emulated cluster: shell calls, root and tool checks, namespaces, links
-and the tbf shaping arguments. :mod:`.cluster` builds hosts from them; :mod:`.cluster_measure`
+and the tbf shaping arguments. :mod:`.cluster_hosts` builds hosts from them; :mod:`.cluster_measure`
 uses them too, without importing the cluster.
 """
 from __future__ import annotations
