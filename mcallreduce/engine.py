@@ -124,8 +124,10 @@ class Engine:
 
     def __init__(self, ctx: "Context"):
         self.ctx = ctx
+        # across hosts the check's messages travel in eager-sized pieces; on one host in one
+        piece = ctx.config.inter_host_segment if len(ctx.hosts) > 1 else 1 << 30
         self.native = _executor.Engine(ctx.comm.py2f(), ctx.ctl.py2f(), ctx.coll.py2f(), CHECK_TAG, SYNC_TAG,
-                                       FUSED_MAX_BYTES)
+                                       FUSED_MAX_BYTES, piece)
         self.lock = threading.RLock()            # serialises calls into the executor
         self.callback_lock = threading.Lock()
         self.calls: Dict[int, _Call] = {}        # seq -> call, until the executor reports it

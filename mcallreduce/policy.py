@@ -17,7 +17,7 @@ __all__ = ["ALGORITHMS", "ROUTES", "FUSED_MAX_BYTES", "resolve", "default_colors
 
 #: a ``doubling`` call up to this size travels with its metadata check (native/check.c): its
 #: data is reduced along the check's own recursive doubling, one latency for both
-FUSED_MAX_BYTES = 64 << 10
+FUSED_MAX_BYTES = 256 << 10
 
 # Defaults by message size, in the spirit of Blue Gene/Q's colors-by-size table:
 # small messages are latency-bound (one tree, one message per hop), large ones are

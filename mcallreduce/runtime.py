@@ -48,6 +48,7 @@ class Context:
         self.coll = comm.Dup()   # "mpi" collectives, started in call order once checked
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        self.config = config     # the environment when the context was made
         self.hosts = self._hosts(comm, config.ranks_per_host)
         # one host: multicolor's local stages through shared memory (mcallreduce/shared.py)
         self.shared = SharedWindow.create(self.comm, config.shm_bytes) if len(self.hosts) == 1 else None

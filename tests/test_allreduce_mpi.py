@@ -32,6 +32,18 @@ def test_hierarchical_two_virtual_hosts_of_two_ranks():
 
 
 @pytest.mark.parametrize("np_", [2, 3])
+def test_check_messages_in_pieces_across_virtual_hosts(np_):
+    # across hosts the check's messages (and a fused call's data) travel in pieces under
+    # the TCP eager limit; a limit of 8 KiB makes a 64 KiB fused call 17 pieces each way
+    cases = ["sum_matches_mpi_allreduce_all_lengths", "length_mismatch_raises_on_every_rank",
+             "a_call_fused_with_its_check_and_a_larger_one_raise_everywhere",
+             "fused_calls_of_different_sizes_at_the_limit_raise_everywhere", "dtype_mismatch_raises_on_every_rank",
+             "async_handles_waited_in_rank_dependent_order"]
+    env = {"MCALLREDUCE_RANKS_PER_HOST": "1", "OMPI_MCA_btl_tcp_eager_limit": "8192"}
+    assert sorted(run_cases(np_, env=env, cases=cases)) == sorted(cases)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
 def test_settings_differing_across_ranks_raise_not_hang(np_):
     passed(mpi_script(np_, "mismatched_settings.py", timeout=120))
 

@@ -136,7 +136,7 @@ void checked(EngineObject *e, run_t *r) {
     switch (r->kind) {
     case KIND_FUSED:   /* the data was reduced along the check: every rank agreed, so it is the result */
         if (r->data_bad) { fail_run(e, r, "internal error: a fused call's data was not reduced", MPI_SUCCESS); return; }
-        memcpy(r->buf, r->cmine + sizeof(int64_t) * (size_t)r->nmeta, (size_t)(r->nelem * r->isz));
+        memcpy(r->buf, check_data(r), (size_t)(r->nelem * r->isz));
         finish(e, r, STATUS_OK);
         return;
     case KIND_SHARED:
@@ -162,7 +162,7 @@ void finish(EngineObject *e, run_t *r, int status) {
     if (status == STATUS_OK) scale_buffer(r->dtype, r->buf, r->nelem, r->post);
     if (r->scratch) { pool_give(e, r->scratch, r->scratch_bytes); r->scratch = NULL; }
     if (r->crecv && !r->inflight) {   /* a receive still posted (a failed run) keeps its buffer */
-        pool_give(e, r->crecv, sizeof(int64_t) * (size_t)r->nmeta + e->fused_max);
+        pool_give(e, r->crecv, check_capacity(e, r));
         r->crecv = NULL;
     }
     e->nfinished++;
@@ -218,7 +218,8 @@ static void completed(EngineObject *e, int n) {
         runs[k] = e->owner_run[e->index[k]];
         steps[k] = e->owner_step[e->index[k]];
         received[k] = 0;
-        if (steps[k] == OWNER_CHECK_RECV) MPI_Get_count(&e->statuses[k], MPI_BYTE, &received[k]);
+        if (steps[k] == OWNER_CHECK_RECV || steps[k] == OWNER_CHECK_PIECE)
+            MPI_Get_count(&e->statuses[k], MPI_BYTE, &received[k]);
         if (steps[k] == OWNER_GOODBYE) received[k] = e->statuses[k].MPI_SOURCE;
     }
     for (int a = 1; a < n; a++) {   /* insertion sort, descending */
@@ -241,7 +242,9 @@ static void completed(EngineObject *e, int n) {
         if (r->done) continue;                         /* failed earlier: its other requests drain */
         switch (step) {
         case OWNER_COLLECTIVE: finish(e, r, STATUS_OK); break;
-        case OWNER_CHECK_SEND: case OWNER_CHECK_RECV: check_completed(e, r, step, received[k]); break;
+        case OWNER_CHECK_SEND: case OWNER_CHECK_RECV: case OWNER_CHECK_PIECE:
+            check_completed(e, r, step, received[k]);
+            break;
         case OWNER_SYNC: if (--r->pending == 0) shm_collect(e, r); break;
         default:
             complete_step(r, step);

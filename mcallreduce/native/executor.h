@@ -14,7 +14,7 @@ enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KI
 enum { CHECK_OFF = 0, CHECK_ON = 1 };
 enum { STATUS_OK = 0, STATUS_MISMATCH = 1, STATUS_ERROR = 2 };
 enum { OWNER_CHECK_SEND = -1, OWNER_COLLECTIVE = -2, OWNER_SYNC = -3, OWNER_WAKE = -4, OWNER_CHECK_RECV = -5,
-       OWNER_GOODBYE = -6 };
+       OWNER_GOODBYE = -6, OWNER_CHECK_PIECE = -7 };
 #define LOWERED_COLUMNS 10  /* op, peer, offset, count, scratch, tag, ndeps, incoming_left, color, phase */
 #define POOL_SLOTS 8
 
@@ -62,7 +62,7 @@ typedef struct run {
     int64_t *meta, *meta_out;   /* this rank's vector; the MAX over every rank's, once checked */
     /* the check (check.c): its step, what this rank sends (the MAX so far, then a fused call's
        data), what it receives, and whether the data still holds a valid partial result */
-    int cstep, data_bad, received, meta_checked;
+    int cstep, data_bad, received, meta_checked, recv_peer, recv_tag;
     char *cmine, *crecv;
     size_t cmine_bytes;
     struct run *next;           /* in the collective or shared-memory queue */
@@ -90,6 +90,7 @@ typedef struct {
     run_t *graveyard;
     char abort_reason[200];
     size_t fused_max;           /* the largest fused call's data: every check receive holds this much */
+    size_t piece_bytes;         /* the check's messages travel in pieces of at most this much */
     MPI_Status *statuses;
     MPI_Request *reqs;
     run_t **owner_run;
@@ -147,6 +148,8 @@ void shm_next(EngineObject *e);                /* the queue's head finished: pub
 void start_check(EngineObject *e, run_t *r);
 void check_completed(EngineObject *e, run_t *r, int32_t owner, int received_bytes);
 int check_peer(EngineObject *e, run_t *r);   /* the rank the check's current step waits for */
+size_t check_capacity(EngineObject *e, run_t *r);   /* bytes of a check receive buffer */
+char *check_data(run_t *r);                  /* a fused call's data in this rank's check message */
 
 /* Post a request and record its owner; a failed post fails the run. */
 #define POST(e, r, step, call)                                          \

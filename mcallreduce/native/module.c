@@ -123,12 +123,14 @@ static MPI_Comm comm_of(long long handle) { return MPI_Comm_f2c((MPI_Fint)handle
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
     long long comm, ctl, coll;
-    long long fused_max;
-    static char *names[] = {"comm", "ctl", "coll", "check_tag", "sync_tag", "fused_max", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLiiL", names, &comm, &ctl, &coll, &self->check_tag,
-                                     &self->sync_tag, &fused_max))
+    long long fused_max, piece;
+    static char *names[] = {"comm", "ctl", "coll", "check_tag", "sync_tag", "fused_max", "piece_bytes", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLiiLL", names, &comm, &ctl, &coll, &self->check_tag,
+                                     &self->sync_tag, &fused_max, &piece))
         return -1;
+    if (piece < 64) { PyErr_SetString(PyExc_ValueError, "piece_bytes must be at least 64"); return -1; }
     self->fused_max = (size_t)fused_max;
+    self->piece_bytes = (size_t)piece;
     self->comm = comm_of(comm); self->ctl = comm_of(ctl); self->coll = comm_of(coll);
     MPI_Comm_rank(self->comm, &self->rank);
     MPI_Comm_size(self->comm, &self->size);

@@ -11,6 +11,7 @@ from mpi4py import MPI
 
 import mcallreduce
 from mcallreduce import ConfigError, MismatchError, config
+from mcallreduce.policy import FUSED_MAX_BYTES
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -54,8 +55,9 @@ def raises(exc_type, fn):
 @case
 def sum_matches_mpi_allreduce_all_lengths():
     for algorithm in ("multicolor", "ring", "doubling"):
-        # 16300 and 16384 float32: fused calls just under and at the fused limit (64 KiB)
-        for n in (0, 1, size - 1, size + 1, 17, 1000, 16300, 16384, 65537, (1 << 18) + 3):
+        # fused calls just under and at the fused limit, and just above it
+        fused = FUSED_MAX_BYTES // 4
+        for n in (0, 1, size - 1, size + 1, 17, 1000, fused - 84, fused, fused + 1, (1 << 18) + 3):
             for dtype in (np.float32, np.int64):
                 x = data(n, dtype)
                 ref = x.copy()
@@ -211,19 +213,20 @@ def a_call_fused_with_its_check_and_a_larger_one_raise_everywhere():
 @case
 @between_peers
 def fused_calls_of_different_sizes_at_the_limit_raise_everywhere():
-    # 64 KiB (the fused limit, a check message over TCP's eager limit) against 32 KiB: every
-    # rank still takes the message the others send, raises, and leaves its buffer untouched
-    n = (16 << 10) if rank == size - 1 else (8 << 10)
+    # the fused limit against half of it: every rank still takes the messages the others
+    # send, raises, and leaves its buffer untouched
+    limit = FUSED_MAX_BYTES // 4
+    n = limit if rank == size - 1 else limit // 2
     buf = np.ones(n, np.float32)
     assert "element count" in raises(MismatchError, lambda: mcallreduce.allreduce(buf, algorithm="doubling"))
     assert np.all(buf == 1.0)
     # several in flight at once, waited in a rank-dependent order, bitwise the exact sum
-    xs = [data(16 << 10, np.float32) + k for k in range(4)]
+    xs = [data(limit, np.float32) + k for k in range(4)]
     handles = [mcallreduce.allreduce_async(x, algorithm="doubling") for x in xs]
     for h in (reversed(handles) if rank % 2 else handles):
         h.wait()
     for k, x in enumerate(xs):
-        assert np.array_equal(x, expected(16 << 10, np.float32) + k * size), k
+        assert np.array_equal(x, expected(limit, np.float32) + k * size), k
 
 
 @case
