@@ -2,7 +2,7 @@
 
 | variable                     | values                         | default    |
 |------------------------------|--------------------------------|------------|
-| MCALLREDUCE_ALGORITHM        | multicolor, ring, doubling, mpi | multicolor |
+| MCALLREDUCE_ALGORITHM        | multicolor, ring, doubling, halving, mpi | multicolor |
 | MCALLREDUCE_COLORS           | auto, or an integer >= 1       | auto       |
 | MCALLREDUCE_SEGMENT_BYTES    | auto, or a size (256K, 1M, 0)  | auto       |
 | MCALLREDUCE_FANOUT           | auto, or an integer >= 2       | auto       |
@@ -54,8 +54,8 @@ __all__ = ["ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_si
            "bucket_bytes", "progress_thread", "stall_check_seconds", "stall_shutdown_seconds", "timeline_file", "data"]
 
 #: every algorithm the runtime accepts; "mpi" is MPI_Allreduce itself (stock Horovod's CPU path).
-#: The first three are schedules (``algorithms.SCHEDULED``, checked equal by the tests).
-ALGORITHMS = ("multicolor", "ring", "doubling", "mpi")
+#: All but the last are schedules (``algorithms.SCHEDULED``, checked equal by the tests).
+ALGORITHMS = ("multicolor", "ring", "doubling", "halving", "mpi")
 
 
 # Across hosts, pipeline segments stay under Open MPI's TCP eager limit: a larger message waits

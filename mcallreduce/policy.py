@@ -73,7 +73,7 @@ def latency_bound(nbytes: int, nranks: int) -> bool:
 
 def _slices(config: Config, colors: int, hosts: Sequence[Sequence[int]]) -> int:
     """How many pieces the algorithm cuts a message into: ring chunks or color slices."""
-    if config.algorithm == "ring":
+    if config.algorithm in ("ring", "halving"):
         return sum(len(h) for h in hosts)
     return 1 if config.algorithm == "doubling" else colors
 
@@ -126,7 +126,7 @@ def resolve(config: Config, nbytes: int, itemsize: int,
         segment = SEGMENT_BYTES // itemsize
     else:
         segment = 0
-    if config.algorithm in ("ring", "doubling"):
+    if config.algorithm in ("ring", "doubling", "halving"):
         return config.algorithm, Params(segment=segment, depth=config.depth)
     return config.algorithm, Params(colors=colors, segment=segment, fanout=config.fanout,
                                     hierarchical=hierarchical, depth=config.depth, route=route)

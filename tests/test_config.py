@@ -34,7 +34,7 @@ def test_every_variable_is_read():
 
 
 @pytest.mark.parametrize("name,value,hint", [
-    ("ALGORITHM", "tree", "multicolor, ring, doubling, mpi"),
+    ("ALGORITHM", "tree", "multicolor, ring, doubling, halving, mpi"),
     ("COLORS", "0", "'auto' or an integer >= 1"),
     ("COLORS", "many", "'auto' or an integer >= 1"),
     ("SEGMENT_BYTES", "big", "256K"),

@@ -36,7 +36,7 @@ def sweep(p):
     layouts = [flat(p)] + ([paired(p)] if p > 1 else [])
     for hosts in layouts:
         for n in lengths(p):
-            variants = [(name, Params(segment=s)) for name in ("ring", "doubling") for s in (0, 5)]
+            variants = [(name, Params(segment=s)) for name in ("ring", "doubling", "halving") for s in (0, 5)]
             hier = (True, False) if len(hosts) < p else (True,)  # flat layout: same schedule
             variants += [("multicolor", Params(colors=k, segment=s, hierarchical=h, route=route))
                          for k in (1, 2, 3, 4) for s in (0, 3) for h in hier for route in ("tree", "ring")]
@@ -100,7 +100,8 @@ def test_lowered_arrays_are_the_schedule_and_its_done_messages(p):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name,route", [("multicolor", "tree"), ("multicolor", "ring"), ("doubling", "tree")])
+@pytest.mark.parametrize("name,route", [("multicolor", "tree"), ("multicolor", "ring"), ("doubling", "tree"),
+                                        ("halving", "tree")])
 def test_all_dtypes_bitwise_identical_on_every_rank(dtype, name, route):
     p, n = 6, 1001
     sched = build_schedule(name, paired(p), n, Params(colors=3, segment=64, route=route))
@@ -152,6 +153,29 @@ def test_doubling_sends_whole_buffer_log2_p_times():
     # a non-power of two folds: rank 1 sends once to rank 0 and receives the result
     sched = build_schedule("doubling", flat(3), n, Params())
     assert sched.bytes_sent(1, 4) == n * 4 and sched.bytes_sent(0, 4) == 2 * n * 4
+
+
+def test_halving_sends_a_rings_bytes_in_2_log2_p_rounds():
+    n = 1024
+    for p in (2, 4, 8, 16):
+        sched = build_schedule("halving", flat(p), n, Params())
+        for r in range(p):
+            assert sched.bytes_sent(r, 4) == 2 * (p - 1) * (n // p) * 4
+            assert len({s.peer for s in sched.programs[r].steps if s.op == Op.SEND}) == p.bit_length() - 1
+    # a non-power of two folds first: rank 1 of 3 sends its buffer once and receives the result
+    sched = build_schedule("halving", flat(3), n, Params())
+    assert sched.bytes_sent(1, 4) == n * 4
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 6])
+@pytest.mark.parametrize("ufunc", [np.minimum, np.maximum])
+def test_halving_is_bitwise_the_same_on_every_rank(p, ufunc):
+    # each part of the result is reduced by one rank and copied: min/max of +0/-0 agree everywhere
+    n = 24
+    bufs = [np.full(n, (0.0 if r % 2 else -0.0)) for r in range(p)]
+    execute(build_schedule("halving", flat(p), n, Params()), bufs, reduce=ufunc)
+    for b in bufs:
+        assert b.tobytes() == bufs[0].tobytes()
 
 
 def test_float_result_close_to_exact_sum():

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from ..schedule import Schedule
 from .doubling import build_doubling
+from .halving import build_halving
 from .multicolor import build_multicolor
 from .ring import build_ring
 
-__all__ = ["Params", "SCHEDULED", "build_schedule", "build_doubling", "build_multicolor", "build_ring"]
-
-#: algorithms that exist as schedules (the runtime adds "mpi": MPI_Allreduce itself)
-SCHEDULED = ("multicolor", "ring", "doubling")
+__all__ = ["Params", "BUILDERS", "SCHEDULED", "build_schedule", "build_doubling", "build_halving",
+           "build_multicolor", "build_ring"]
 
 
 @dataclass(frozen=True)
@@ -36,19 +35,29 @@ class Params:
     route: str = "tree"          # multicolor: how a color crosses hosts, "tree" or "ring"
 
 
+Hosts = Tuple[Tuple[int, ...], ...]
+
+#: the registry: algorithm name -> its schedule from (hosts, element count, parameters)
+BUILDERS: Dict[str, Callable[[Hosts, int, Params], Schedule]] = {
+    "multicolor": lambda hosts, n, prm: build_multicolor(hosts, n, colors=prm.colors, segment=prm.segment,
+                                                         fanout=prm.fanout, hierarchical=prm.hierarchical,
+                                                         depth=prm.depth, route=prm.route),
+    "ring": lambda hosts, n, prm: build_ring(hosts, n, segment=prm.segment, depth=prm.depth),
+    "doubling": lambda hosts, n, prm: build_doubling(hosts, n, segment=prm.segment, depth=prm.depth),
+    "halving": lambda hosts, n, prm: build_halving(hosts, n, segment=prm.segment, depth=prm.depth),
+}
+#: algorithms that exist as schedules (the runtime adds "mpi": MPI_Allreduce itself)
+SCHEDULED = tuple(BUILDERS)
+
+
 def build_schedule(name: str, hosts: Sequence[Sequence[int]], nelem: int, params: Params) -> Schedule:
-    key: Tuple[Tuple[int, ...], ...] = tuple(tuple(h) for h in hosts)
+    key: Hosts = tuple(tuple(h) for h in hosts)
     return _cached(name, key, int(nelem), params)
 
 
 @lru_cache(maxsize=256)
-def _cached(name: str, hosts: Tuple[Tuple[int, ...], ...], nelem: int, params: Params) -> Schedule:
-    if name == "ring":
-        return build_ring(hosts, nelem, segment=params.segment, depth=params.depth)
-    if name == "doubling":
-        return build_doubling(hosts, nelem, segment=params.segment, depth=params.depth)
-    if name == "multicolor":
-        return build_multicolor(hosts, nelem, colors=params.colors, segment=params.segment,
-                                fanout=params.fanout, hierarchical=params.hierarchical, depth=params.depth,
-                                route=params.route)
-    raise ValueError(f"unknown scheduled algorithm {name!r}; known: {', '.join(SCHEDULED)}")
+def _cached(name: str, hosts: Hosts, nelem: int, params: Params) -> Schedule:
+    builder = BUILDERS.get(name)
+    if builder is None:
+        raise ValueError(f"unknown scheduled algorithm {name!r}; known: {', '.join(SCHEDULED)}")
+    return builder(hosts, nelem, params)

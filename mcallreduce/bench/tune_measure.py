@@ -4,12 +4,12 @@
     MCALLREDUCE_TUNING_FILE=tuning.json mpirun -np 8 python train.py
 
 For every size, ``multicolor`` (its built-in choice of schedule, the shared-memory stage
-on one host included; and with 256 KiB and 1 MiB segments), ``ring``, ``doubling`` and
-``mpi`` (MPI's own allreduce, through the same executor) are timed through the public
-API, interleaved call by call, in a few passes, and the fastest is the table's row for
-that size; multicolor's ``auto`` then runs it, as NCCL's tuner or Open MPI's dynamic
-rules pick an algorithm by size. Rows are per layout
-(hosts x ranks per host): rerun it after changing either, or the network.
+on one host included; and with 256 KiB and 1 MiB segments), ``ring``, ``doubling``,
+``halving`` and ``mpi`` (MPI's own allreduce, through the same executor) are timed
+through the public API, interleaved call by call, in a few passes, and the fastest is
+the table's row for that size; multicolor's ``auto`` then runs it, as NCCL's tuner or
+Open MPI's dynamic rules pick an algorithm by size. Rows are per layout (hosts x ranks
+per host): rerun it after changing either, or the network.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from .output import write_json
 #: prefer to the eager-sized ones the built-in rules use across hosts), and the others
 CANDIDATES = (("multicolor", "multicolor", {}), ("multicolor-256K", "multicolor", {"segment_bytes": 256 << 10}),
               ("multicolor-1M", "multicolor", {"segment_bytes": 1 << 20}), ("ring", "ring", {}),
-              ("doubling", "doubling", {}), ("mpi", "mpi", {}))
+              ("doubling", "doubling", {}), ("halving", "halving", {}), ("mpi", "mpi", {}))
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,8M,16M,64M"
 
 

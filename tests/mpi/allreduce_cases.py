@@ -54,7 +54,7 @@ def raises(exc_type, fn):
 
 @case
 def sum_matches_mpi_allreduce_all_lengths():
-    for algorithm in ("multicolor", "ring", "doubling"):
+    for algorithm in ("multicolor", "ring", "doubling", "halving"):
         # fused calls just under and at the fused limit, and just above it
         fused = FUSED_MAX_BYTES // 4
         for n in (0, 1, size - 1, size + 1, 17, 1000, fused - 84, fused, fused + 1, (1 << 18) + 3):
@@ -85,7 +85,7 @@ def every_dtype_at_every_size_of_the_builtin_table():
 def every_dtype_bitwise_identical_across_ranks_and_runs():
     rng = np.random.default_rng(rank)
     for dtype in mcallreduce.DTYPES:
-        for algorithm in ("multicolor", "ring", "doubling"):
+        for algorithm in ("multicolor", "ring", "doubling", "halving"):
             src = (rng.standard_normal(300007) * 3).astype(dtype)
             a = src.copy()
             b = src.copy()
