@@ -45,6 +45,7 @@ TAG_SPAN = 1 << 20   # tags per allreduce: seq window w uses tags [w * TAG_SPAN,
 SYNC_TAG, CHECK_TAG = TAG_SPAN - 1, TAG_SPAN - 2  # a window's last tags: shared sync 2; the check's
 MAX_SCHEDULE_TAGS = TAG_SPAN - 64                 # steps use CHECK_TAG - step (at most 33); the rest
                                                   # are the schedule's
+ONE_PIECE = 1 << 30   # a check message's piece size that never splits it
 
 
 class Handle:
@@ -124,8 +125,8 @@ class Engine:
 
     def __init__(self, ctx: "Context"):
         self.ctx = ctx
-        # across hosts the check's messages travel in eager-sized pieces; on one host in one
-        piece = ctx.config.inter_host_segment if len(ctx.hosts) > 1 else 1 << 30
+        # TCP's eager limit applies across hosts only: on one host a check message is one piece
+        piece = ctx.config.inter_host_segment if len(ctx.hosts) > 1 else ONE_PIECE
         self.native = _executor.Engine(ctx.comm.py2f(), ctx.ctl.py2f(), ctx.coll.py2f(), CHECK_TAG, SYNC_TAG,
                                        FUSED_MAX_BYTES, piece)
         self.lock = threading.RLock()            # serialises calls into the executor

@@ -72,9 +72,12 @@ def latency_bound(nbytes: int, nranks: int) -> bool:
 
 
 def _slices(config: Config, colors: int, hosts: Sequence[Sequence[int]]) -> int:
-    """How many pieces the algorithm cuts a message into: ring chunks or color slices."""
-    if config.algorithm in ("ring", "halving"):
+    """How many pieces the algorithm cuts a message into at most: ring chunks, color slices,
+    or halving's first round (half the buffer each way)."""
+    if config.algorithm == "ring":
         return sum(len(h) for h in hosts)
+    if config.algorithm == "halving":
+        return 2
     return 1 if config.algorithm == "doubling" else colors
 
 

@@ -11,6 +11,7 @@ def test_a_measured_table_decides_the_algorithm_per_size(tmp_path):
              "hierarchical": True, "route": "tree", "shared": True},
             {"size_bytes": 64 << 10, "algorithm": "mpi"},
             {"size_bytes": 1 << 20, "algorithm": "ring", "segment_bytes": 256 << 10},
+            {"size_bytes": 4 << 20, "algorithm": "halving", "segment_bytes": 60 << 10},
             {"size_bytes": 8 << 20, "algorithm": "doubling"},
             {"size_bytes": 64 << 20, "algorithm": "multicolor", "colors": 2, "segment_bytes": 1 << 20,
              "hierarchical": True, "route": "tree", "shared": False}]
@@ -29,6 +30,8 @@ def test_a_measured_table_decides_the_algorithm_per_size(tmp_path):
     assert resolve(config, 64 << 10, 2, host, mpi_type=False)[0] in ("multicolor", "doubling")
     algorithm, params = resolve(config, 1 << 20, 4, host, shared_slot=slot)
     assert (algorithm, params.segment) == ("ring", (256 << 10) // 4)
+    algorithm, params = resolve(config, 4 << 20, 4, host, shared_slot=slot)
+    assert (algorithm, params.segment) == ("halving", (60 << 10) // 4)
     assert resolve(config, 8 << 20, 4, host, shared_slot=slot)[0] == "doubling"
     algorithm, params = resolve(config, 32 << 20, 4, host, shared_slot=slot)
     assert (algorithm, params.colors, params.segment, params.shared) == ("multicolor", 2, (1 << 20) // 4, False)
@@ -44,4 +47,4 @@ def test_none_switches_every_table_off_and_the_builtin_table_is_measured():
     assert rules[0] == "multicolor"
     table = json.loads(open(BUILTIN_TABLE).read())
     assert table["measured"] is True and "1h2r" in table["tables"]
-    assert {r["algorithm"] for r in table["tables"]["1h2r"]} <= {"multicolor", "ring", "doubling", "mpi"}
+    assert {r["algorithm"] for r in table["tables"]["1h2r"]} <= {"multicolor", "ring", "doubling", "halving", "mpi"}

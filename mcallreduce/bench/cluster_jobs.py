@@ -38,7 +38,7 @@ case "$host" in
   *) echo "rsh agent of cluster '{cluster.prefix}': unknown host $host" >&2; exit 255 ;;
 esac
 # Its own UTS namespace too, so each host has its own hostname (= namespace name): Open MPI
-# names shared-memory segments and session dirs by hostname, and ranks of two hosts that
+# names shared-memory segments and its per-job temporary directories by hostname, and ranks of two hosts that
 # share one collide (vader segfaults when R > 1).
 exec ip netns exec "$ns" unshare --uts /bin/sh -c \
   'echo "$0" > /proc/sys/kernel/hostname && exec /bin/sh -c "$1"' "$ns" "$*"
@@ -116,7 +116,7 @@ class ClusterJobs(ClusterState):
         hosts and reported with returncode -9, so a hung collective fails instead of stalling.
         """
         require_root()
-        # The daemons on the emulated hosts keep their session directories under /tmp and
+        # The daemons on the emulated hosts keep their per-job temporary directories under /tmp and
         # leave them behind (a killed job always does): one fresh base per job, removed after.
         tmpdir_base = tempfile.mkdtemp(prefix=f"{self.prefix}-ompi-")
         cmd = (self.horovodrun_gloo_argv(argv, np=np) if gloo else

@@ -28,11 +28,12 @@ import numpy as np
 import torch
 
 _MAX56 = (1 << 56) - 1
-_DTYPE_CODE = {torch.float16: 1, torch.float32: 2, torch.float64: 3, torch.int32: 4, torch.int64: 5}
-_DTYPE_OF = {code: dtype for dtype, code in _DTYPE_CODE.items()}
+#: the dtypes routed calls carry, and their codes in the companion vector
+DTYPE_CODE = {torch.float16: 1, torch.float32: 2, torch.float64: 3, torch.int32: 4, torch.int64: 5}
+_DTYPE_OF = {code: dtype for dtype, code in DTYPE_CODE.items()}
 _OP_CODE = {"sum": 1, "average": 2}
 _OP_OF = {code: op for op, code in _OP_CODE.items()}
-MAX_PARTS = len(_DTYPE_CODE)     # engine calls per routed allreduce: one per dtype at most
+MAX_PARTS = len(DTYPE_CODE)     # engine calls per routed allreduce: one per dtype at most
 _HEAD = ("joined", "name", "shape", "op", "number of dtypes",
          "prescale_factor", "prescale_factor", "postscale_factor", "postscale_factor")
 _FIELDS = _HEAD + ("element count", "dtype") * MAX_PARTS
@@ -68,7 +69,7 @@ def metadata_vector(name: str, shapes: str, op: str, prescale: float, postscale:
     fields = [0, fingerprint(name), fingerprint(shapes), _OP_CODE[op], len(buffers),
               *_float_fields(prescale), *_float_fields(postscale)]
     for i in range(MAX_PARTS):
-        fields += [buffers[i].numel(), _DTYPE_CODE[buffers[i].dtype]] if i < len(buffers) else [0, 0]
+        fields += [buffers[i].numel(), DTYPE_CODE[buffers[i].dtype]] if i < len(buffers) else [0, 0]
     return np.array(fields + [-f for f in fields], dtype=np.int64)
 
 

@@ -12,10 +12,10 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
-from .companion import ORDER_ADVICE, metadata_vector, mismatch
+from .companion import DTYPE_CODE, ORDER_ADVICE, metadata_vector, mismatch
 
 #: the dtypes the engine reduces (the companion vector encodes each)
-SUPPORTED_DTYPES = {torch.float16, torch.float32, torch.float64, torch.int32, torch.int64}
+SUPPORTED_DTYPES = frozenset(DTYPE_CODE)
 
 
 def supported(t: torch.Tensor) -> bool:

@@ -50,7 +50,6 @@ int add_request(EngineObject *e, MPI_Request req, run_t *r, int32_t step) {
     return 0;
 }
 
-
 void *pool_take(EngineObject *e, size_t bytes) {
     for (int i = 0; i < POOL_SLOTS; i++)
         if (e->pool[i] && e->pool_bytes[i] == bytes) { void *p = e->pool[i]; e->pool[i] = NULL; return p; }
