@@ -21,23 +21,27 @@ two extra alpha + n beta for the fold when p is not a power of two.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import List, Sequence, Tuple
 
 from ..schedule import Builder, Schedule, segments
 
-__all__ = ["build_doubling"]
+__all__ = ["build_doubling", "fold"]
+
+
+def fold(hosts: Sequence[Sequence[int]]) -> Tuple[List[int], int, int, List[int]]:
+    """(ranks, 2^floor(log2 p), r, the participants after the fold): of the first 2r ranks
+    the even ones take part, then every rank from 2r on, rank order kept."""
+    ranks = sorted(r for host in hosts for r in host)
+    pof2 = 1
+    while pof2 * 2 <= len(ranks):
+        pof2 *= 2
+    rem = len(ranks) - pof2
+    return ranks, pof2, rem, [ranks[2 * i] for i in range(rem)] + ranks[2 * rem:]
 
 
 def build_doubling(hosts: Sequence[Sequence[int]], nelem: int, segment: int = 0, depth: int = 4) -> Schedule:
-    ranks = sorted(r for host in hosts for r in host)
-    p = len(ranks)
-    b = Builder(p, nelem, depth=depth)
-    pof2 = 1
-    while pof2 * 2 <= p:
-        pof2 *= 2
-    rem = p - pof2
-    # participants after the fold: 0, 2, .., 2rem-2, then 2rem .. p-1 (rank order kept)
-    active = [ranks[2 * i] for i in range(rem)] + ranks[2 * rem:]
+    ranks, pof2, rem, active = fold(hosts)
+    b = Builder(len(ranks), nelem, depth=depth)
     pieces = segments(0, nelem, segment)
     for i in range(rem):
         for off, cnt in pieces:

@@ -21,19 +21,14 @@ from __future__ import annotations
 from typing import List, Sequence, Tuple
 
 from ..schedule import Builder, Schedule, segments
+from .doubling import fold
 
 __all__ = ["build_halving"]
 
 
 def build_halving(hosts: Sequence[Sequence[int]], nelem: int, segment: int = 0, depth: int = 4) -> Schedule:
-    ranks = sorted(r for host in hosts for r in host)
-    p = len(ranks)
-    b = Builder(p, nelem, depth=depth)
-    pof2 = 1
-    while pof2 * 2 <= p:
-        pof2 *= 2
-    rem = p - pof2
-    active = [ranks[2 * i] for i in range(rem)] + ranks[2 * rem:]   # rank order kept
+    ranks, pof2, rem, active = fold(hosts)
+    b = Builder(len(ranks), nelem, depth=depth)
 
     def move(src: int, dst: int, off: int, cnt: int, reduce: bool, incoming_left: bool = False) -> None:
         for o, c in segments(off, cnt, segment):
