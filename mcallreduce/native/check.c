@@ -67,8 +67,6 @@ static void post_step(EngineObject *e, run_t *r) {
     int pieces = (int)((total + piece - 1) / piece);
     r->pending = (send_tag >= 0 ? pieces : 0) + (recv_tag >= 0);
     r->received = -1;
-    r->recv_peer = peer;
-    r->recv_tag = recv_tag;
     if (recv_tag >= 0)
         POST(e, r, OWNER_CHECK_RECV, MPI_Irecv(r->crecv, (int)check_capacity(e, r), MPI_BYTE, peer,
                                                r->tag0 + e->check_tag - recv_tag, e->ctl, &req_));
@@ -81,7 +79,7 @@ static void post_step(EngineObject *e, run_t *r) {
 
 /* The first piece arrived: post the receives of the rest, as its header announces (pieces
    of one source and tag match in the order they were sent). */
-static void post_rest(EngineObject *e, run_t *r, int first_bytes) {
+static void post_rest(EngineObject *e, run_t *r, int first_bytes, int peer, int recv_tag) {
     const int64_t *header = (const int64_t *)r->crecv;
     size_t capacity = check_capacity(e, r);
     if (first_bytes < (int)HEADER_BYTES) return;   /* not this protocol: merge() says so */
@@ -92,8 +90,8 @@ static void post_rest(EngineObject *e, run_t *r, int first_bytes) {
     }
     for (int64_t at = piece; at < total; at += piece) {
         r->pending++;
-        POST(e, r, OWNER_CHECK_PIECE, MPI_Irecv(r->crecv + at, (int)(capacity - (size_t)at), MPI_BYTE, r->recv_peer,
-                                                r->tag0 + e->check_tag - r->recv_tag, e->ctl, &req_));
+        POST(e, r, OWNER_CHECK_PIECE, MPI_Irecv(r->crecv + at, (int)(capacity - (size_t)at), MPI_BYTE, peer,
+                                                r->tag0 + e->check_tag - recv_tag, e->ctl, &req_));
     }
 }
 
@@ -122,16 +120,16 @@ static void merge(EngineObject *e, run_t *r, int peer, int fold_out) {
 }
 
 void check_completed(EngineObject *e, run_t *r, int32_t owner, int received_bytes) {
+    int peer, send_tag, recv_tag;
+    step_of(e->rank, e->size, r->cstep, &peer, &send_tag, &recv_tag);
     if (owner == OWNER_CHECK_RECV) {
         r->received = received_bytes;
-        post_rest(e, r, received_bytes);
+        post_rest(e, r, received_bytes, peer, recv_tag);
         if (r->done) return;
     } else if (owner == OWNER_CHECK_PIECE) {
         r->received += received_bytes;
     }
     if (--r->pending > 0) return;
-    int peer, send_tag, recv_tag;
-    step_of(e->rank, e->size, r->cstep, &peer, &send_tag, &recv_tag);
     if (recv_tag >= 0) merge(e, r, peer, e->rank >= largest_power_of_two(e->size));
     r->cstep++;
     post_step(e, r);

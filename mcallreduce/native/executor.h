@@ -62,7 +62,7 @@ typedef struct run {
     int64_t *meta, *meta_out;   /* this rank's vector; the MAX over every rank's, once checked */
     /* the check (check.c): its step, what this rank sends (the MAX so far, then a fused call's
        data), what it receives, and whether the data still holds a valid partial result */
-    int cstep, data_bad, received, meta_checked, recv_peer, recv_tag;
+    int cstep, data_bad, received, meta_checked;
     char *cmine, *crecv;
     size_t cmine_bytes;
     struct run *next;           /* in the collective or shared-memory queue */
