@@ -30,8 +30,11 @@ def run_job(np_, script, *args, env=None, timeout=180, abort_on_exception=False)
 
 
 def explain(result):
-    """The end of a job's output, for an assertion message."""
-    return f"rc={result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-5000:]}"
+    """The end of a job's output, for an assertion message, with every rank's stall report
+    line in full (the tail alone can lose the ranks that reported first)."""
+    stalls = "\n".join(ln for ln in result.stderr.splitlines() if ln.startswith("mcallreduce: stall:"))
+    return (f"rc={result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n--- stall reports\n{stalls[-6000:]}"
+            f"\n--- stderr\n{result.stderr[-5000:]}")
 
 
 def passed(result):

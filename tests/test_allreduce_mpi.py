@@ -48,6 +48,16 @@ def test_settings_differing_across_ranks_raise_not_hang(np_):
     passed(mpi_script(np_, "mismatched_settings.py", timeout=120))
 
 
+def test_busy_calls_never_fail_as_stalled():
+    # the inspector, looking every 50 ms, reads a blocking call the moment it releases the GIL:
+    # its start time must already be set, or it looks hours old and every call in flight fails
+    env = {"MCALLREDUCE_STALL_CHECK_TIME_SECONDS": "0.05", "MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS": "10"}
+    result = mpi_script(4, "busy_calls_no_false_stall.py", 5, env=env, timeout=120)
+    assert passed(result).count("calls returned") == 4
+    waits = [float(w) for w in re.findall(r"has waited (\d+) s", result.stderr)]
+    assert all(w < 10 for w in waits), waits
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_a_stalled_call_is_reported_and_a_rank_that_leaves_makes_the_others_raise(np_):
     result = mpi_script(np_, "peer_leaves.py", 4, env={"MCALLREDUCE_STALL_CHECK_TIME_SECONDS": "1"}, timeout=60)

@@ -201,6 +201,9 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssi
         self->runs = runs; self->runs_cap = cap;
     }
     self->runs[self->nruns++] = r;
+    /* the stall inspector may read a waited run as soon as the GIL is released below, before
+       start_run: its start time must be set by then, or the run looks as old as the clock */
+    r->t_start = now_s();
     if (wait) self->waited = r;   /* set and cleared while holding the GIL, as its readers do */
     Py_BEGIN_ALLOW_THREADS
     start_run(self, r);
