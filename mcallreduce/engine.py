@@ -39,13 +39,14 @@ from .stall import StallInspector
 if TYPE_CHECKING:
     from .runtime import Context
 
-__all__ = ["TAG_SPAN", "MAX_SCHEDULE_TAGS", "Handle", "Engine"]
+__all__ = ["TAG_SPAN", "MAX_SCHEDULE_TAGS", "PROGRESS_THREAD_NAME", "Handle", "Engine"]
 
 TAG_SPAN = 1 << 20   # tags per allreduce: seq window w uses tags [w * TAG_SPAN, (w + 1) * TAG_SPAN)
 SYNC_TAG, CHECK_TAG = TAG_SPAN - 1, TAG_SPAN - 2  # a window's last tags: shared sync 2; the check's
 MAX_SCHEDULE_TAGS = TAG_SPAN - 64                 # steps use CHECK_TAG - step (at most 33); the rest
                                                   # are the schedule's
 ONE_PIECE = 1 << 30   # a check message's piece size that never splits it
+PROGRESS_THREAD_NAME = "mcallreduce-progress"
 
 
 class Handle:
@@ -248,7 +249,7 @@ class Engine:
                 while self.calls:
                     self._report(self.native.progress(True, -1))
                 self._stop = False
-                self._thread = threading.Thread(target=self._run, name="mcallreduce-progress", daemon=True)
+                self._thread = threading.Thread(target=self._run, name=PROGRESS_THREAD_NAME, daemon=True)
                 self._thread.start()
             atexit.register(self.stop_thread)
 

@@ -1,11 +1,56 @@
 """torch futures completed by the engine: the bridge both DDP integrations stand on."""
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import collections
+import threading
+from typing import Any, Callable, Deque, Optional
 
 import torch
 
+from ..engine import PROGRESS_THREAD_NAME
+
 __all__ = ["future_for", "reducible"]
+
+
+class _Completer:
+    """Completes futures off the progress thread, on as many threads as completions block.
+
+    torch runs a future's ``then`` callbacks in the thread that sets its result, and some
+    callbacks wait on a later allreduce (PowerSGD's do): on the progress thread, which must
+    finish that allreduce, they would wait forever. A completion is handed to an idle thread
+    here, or to a new one when every thread is inside a callback (as Gloo's worker pool does).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._work: Deque[Callable[[], None]] = collections.deque()
+        self._idle = 0    # threads waiting for work, or started and not yet waiting
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._cond:
+            self._work.append(fn)
+            if self._idle > len(self._work) - 1:
+                self._cond.notify()
+                return
+            self._idle += 1
+        threading.Thread(target=self._serve, name="mcallreduce-completer", daemon=True).start()
+
+    def _serve(self) -> None:
+        with self._cond:
+            while True:
+                while not self._work:
+                    self._cond.wait()
+                fn = self._work.popleft()
+                self._idle -= 1
+                self._cond.release()
+                try:
+                    fn()
+                finally:
+                    self._cond.acquire()
+                    self._idle += 1
+
+
+_COMPLETER = _Completer()
 
 
 def _value(future: torch.futures.Future) -> Any:
@@ -13,15 +58,16 @@ def _value(future: torch.futures.Future) -> Any:
 
 
 def future_for(handle, value: Any, finish: Optional[Callable[[], None]] = None) -> torch.futures.Future:
-    """A future that gets ``value`` when ``handle`` finishes (or its error), exactly once, from
-    whichever thread finishes it; ``finish`` runs first (copying a result back, say).
+    """A future that gets ``value`` when ``handle`` finishes (or its error), exactly once;
+    ``finish`` runs first (copying a result back, say). It completes in the thread that
+    finished the handle, or, when that is the progress thread, in a completer thread.
 
     Python's ``set_exception`` stores the exception as the future's *value*, which C++ readers
     (DDP's reducer) take for a result; the ``then`` step turns it into an error they see.
     """
     future: torch.futures.Future = torch.futures.Future()
 
-    def done(h) -> None:
+    def complete(h) -> None:
         error = h.error
         if error is None and finish is not None:
             try:
@@ -32,6 +78,12 @@ def future_for(handle, value: Any, finish: Optional[Callable[[], None]] = None) 
             future.set_result(value)
         else:
             future.set_exception(error)
+
+    def done(h) -> None:
+        if threading.current_thread().name == PROGRESS_THREAD_NAME:
+            _COMPLETER.submit(lambda: complete(h))
+        else:
+            complete(h)
 
     handle.add_done_callback(done)
     return future.then(_value)

@@ -10,7 +10,6 @@ PyTorch's own compression hook divides first (in 16 bits, where small gradients 
 On the backend, PowerSGD's allreduces of its low-rank factors run on the group. The exit
 status is the result: 0 when every check passed on every rank.
 """
-import os
 import sys
 
 import torch
@@ -53,9 +52,9 @@ OPTIONS = {
     "unused": {"find_unused_parameters": True}, "batchnorm": {}, "no_sync": {}, "rank1_differs": {},
     "static_graph": {"static_graph": True}, "join": {}, "fp16_compress": {},
 }
-# PowerSGD's own allreduces (of its low-rank factors) go to the group. Its callbacks wait on
-# further allreduces, which deadlocks with the progress thread on: that case is not run.
-if ARM == "backend" and os.environ.get("MCALLREDUCE_PROGRESS_THREAD") != "1":
+# PowerSGD's own allreduces (of its low-rank factors) go to the group; its callbacks wait on
+# further allreduces, which the progress thread must finish while they wait
+if ARM == "backend":
     OPTIONS["powersgd"] = {}
 # torch refuses its bfloat16 compression hooks without CUDA and NCCL: only float16 here
 COMPRESSED = {"fp16_compress": default_hooks.fp16_compress_hook}
