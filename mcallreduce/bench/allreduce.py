@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
-import time
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -27,6 +25,7 @@ from ..algorithms import SCHEDULED
 from ..units import format_size, parse_size
 from . import mpit
 from .output import pyplot, save_png, write_json
+from .timing import interleaved, iterations
 
 ALGORITHMS = SCHEDULED + ("mpi", "mpi-ring")
 DEFAULT_ALGORITHMS = "multicolor,ring,mpi,mpi-ring"
@@ -91,12 +90,6 @@ class Runner:
             self.allreduce(buf, algorithm=algorithm, comm=self.comm, check=not self.ns.no_check)
 
 
-def cpu_seconds() -> float:
-    """User + system CPU time of every thread of this process so far."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Namespace) -> List[Dict]:
     """Time every algorithm at one size, interleaved iteration by iteration.
 
@@ -113,35 +106,23 @@ def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Nam
     expected = (base * p + p * (p - 1) // 2).astype(dtype)
     buf = np.empty_like(data)
 
-    def timed(algorithm: str, into: Optional[tuple] = None) -> float:
+    arms = [lambda a=algorithm: run(a, buf) for algorithm in algorithms]
+
+    def reset() -> None:
         buf[...] = data
-        comm.Barrier()
-        c0 = cpu_seconds()
-        t0 = time.perf_counter()
-        run(algorithm, buf)
-        t = time.perf_counter() - t0
-        if into is not None:
-            cpu[into] = cpu_seconds() - c0
-        return t
 
     correct = {}
-    for algorithm in algorithms:
-        buf[...] = data
-        run(algorithm, buf)
+    for algorithm, arm in zip(algorithms, arms):
+        reset()
+        arm()
         correct[algorithm] = bool(comm.allreduce(int(np.array_equal(buf, expected)), op=MPI.MIN))
         for _ in range(ns.warmup):
-            timed(algorithm)
+            reset()
+            arm()
     iters = ns.iters
-    if iters <= 0:  # a count from one call of each, agreed by all ranks
-        one = comm.allreduce(sum(timed(a) for a in algorithms), op=MPI.MAX)
-        iters = int(min(200, max(ns.min_iters, ns.seconds * len(algorithms) / max(one, 1e-6))))
-    times = np.empty((iters, len(algorithms)))
-    cpu = np.empty_like(times)
-    for i in range(iters):
-        for j, algorithm in enumerate(algorithms):
-            times[i, j] = timed(algorithm, (i, j))
-    slowest = np.empty_like(times)
-    comm.Allreduce(times, slowest, op=MPI.MAX)   # an iteration ends when its last rank ends
+    if iters <= 0:   # ns.seconds per algorithm
+        iters = iterations(comm, arms, ns.seconds * len(arms), ns.min_iters, cap=200)
+    slowest, cpu = interleaved(comm, arms, iters, reset)
     cpu_mean = np.empty(len(algorithms))
     comm.Allreduce(np.median(cpu, axis=0), cpu_mean, op=MPI.SUM)
     cpu_mean /= p

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..units import format_size, parse_size
 from .output import write_json
+from .timing import interleaved, iterations
 
 #: (name, algorithm, overrides): the built-in choice, larger segments (which fast links may
 #: prefer to the eager-sized ones the built-in rules use across hosts), and the others
@@ -36,27 +37,15 @@ def _time_size(comm, size: int, seconds: float, min_iters: int, passes: int) -> 
     """Each candidate's time at ``size`` bytes of float32: the median slowest-rank time of a
     pass, the least over ``passes`` passes (load on a shared machine comes in bursts that
     spoil whole passes; the quietest pass is the cluster's own speed)."""
-    from mpi4py import MPI
     from .. import allreduce
     buf = np.ones(max(1, size // 4), np.float32)
     for _, algorithm, overrides in CANDIDATES:     # warm-up: plans, schedules, scratch
         allreduce(buf, algorithm=algorithm, **overrides)
-    t0 = time.perf_counter()
-    for _, algorithm, overrides in CANDIDATES:
-        allreduce(buf, algorithm=algorithm, **overrides)
-    one = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-    iters = int(min(100, max(min_iters, seconds * len(CANDIDATES) / max(one, 1e-6) / passes)))
+    arms = [lambda a=algorithm, o=overrides: allreduce(buf, algorithm=a, **o) for _, algorithm, overrides in CANDIDATES]
+    iters = iterations(comm, arms, seconds * len(arms) / passes, min_iters, cap=100)
     best = {name: float("inf") for name, _, _ in CANDIDATES}
     for _ in range(passes):
-        times = np.empty((iters, len(CANDIDATES)))
-        for i in range(iters):
-            for j, (_, algorithm, overrides) in enumerate(CANDIDATES):
-                comm.Barrier()
-                t = time.perf_counter()
-                allreduce(buf, algorithm=algorithm, **overrides)
-                times[i, j] = time.perf_counter() - t
-        slowest = np.empty_like(times)
-        comm.Allreduce(times, slowest, op=MPI.MAX)
+        slowest, _ = interleaved(comm, arms, iters)
         for j, (name, _, _) in enumerate(CANDIDATES):
             best[name] = min(best[name], float(np.median(slowest[:, j])))
     return best

@@ -1,0 +1,53 @@
+"""The one timing loop of the benchmarks: arms alternated call by call, each iteration timed
+from a barrier, an iteration over when its slowest rank is done (as nccl-tests and the OSU
+benchmarks time a collective)."""
+from __future__ import annotations
+
+import resource
+import time
+from typing import Callable, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["cpu_seconds", "iterations", "interleaved"]
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of every thread of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def iterations(comm, arms: Sequence[Callable[[], None]], seconds: float, min_iters: int, cap: int) -> int:
+    """How many iterations of every arm fit in about ``seconds``, from one timed call of each:
+    the same count on every rank (the slowest rank's estimate)."""
+    from mpi4py import MPI
+    t0 = time.perf_counter()
+    for arm in arms:
+        arm()
+    one = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    return int(min(cap, max(min_iters, seconds / max(one, 1e-6))))
+
+
+def interleaved(comm, arms: Sequence[Callable[[], None]], iters: int,
+                reset: Optional[Callable[[], None]] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """Run ``arms`` a, b, c, a, b, c, ... so that all of them meet the same background load.
+
+    Returns (the slowest rank's seconds, this rank's CPU seconds), each ``iters x len(arms)``.
+    ``reset`` runs before each call, outside the timed span (refilling the buffer, say)."""
+    from mpi4py import MPI
+    times = np.empty((iters, len(arms)))
+    cpu = np.empty_like(times)
+    for i in range(iters):
+        for j, arm in enumerate(arms):
+            if reset is not None:
+                reset()
+            comm.Barrier()
+            c0 = cpu_seconds()
+            t0 = time.perf_counter()
+            arm()
+            times[i, j] = time.perf_counter() - t0
+            cpu[i, j] = cpu_seconds() - c0
+    slowest = np.empty_like(times)
+    comm.Allreduce(times, slowest, op=MPI.MAX)
+    return slowest, cpu
