@@ -25,7 +25,7 @@ from typing import List, Sequence, Tuple
 
 from ..schedule import Builder, Schedule, segments
 
-__all__ = ["build_doubling", "fold"]
+__all__ = ["build_doubling", "fold", "fold_in", "fold_out"]
 
 
 def fold(hosts: Sequence[Sequence[int]]) -> Tuple[List[int], int, int, List[int]]:
@@ -39,13 +39,25 @@ def fold(hosts: Sequence[Sequence[int]]) -> Tuple[List[int], int, int, List[int]
     return ranks, pof2, rem, [ranks[2 * i] for i in range(rem)] + ranks[2 * rem:]
 
 
+def fold_in(b: Builder, ranks: List[int], rem: int, pieces) -> None:
+    """Each odd rank of the first 2r hands its whole buffer to the even rank before it."""
+    for i in range(rem):
+        for off, cnt in pieces:
+            b.transfer(ranks[2 * i + 1], ranks[2 * i], off, cnt, reduce=True)
+
+
+def fold_out(b: Builder, ranks: List[int], rem: int, pieces) -> None:
+    """... and gets the result back at the end."""
+    for i in range(rem):
+        for off, cnt in pieces:
+            b.transfer(ranks[2 * i], ranks[2 * i + 1], off, cnt, reduce=False)
+
+
 def build_doubling(hosts: Sequence[Sequence[int]], nelem: int, segment: int = 0, depth: int = 4) -> Schedule:
     ranks, pof2, rem, active = fold(hosts)
     b = Builder(len(ranks), nelem, depth=depth)
     pieces = segments(0, nelem, segment)
-    for i in range(rem):
-        for off, cnt in pieces:
-            b.transfer(ranks[2 * i + 1], ranks[2 * i], off, cnt, reduce=True)
+    fold_in(b, ranks, rem, pieces)
     mask = 1
     while mask < pof2:
         for v in range(pof2):
@@ -53,7 +65,5 @@ def build_doubling(hosts: Sequence[Sequence[int]], nelem: int, segment: int = 0,
                 for off, cnt in pieces:
                     b.exchange(active[v], active[v ^ mask], off, cnt, color=mask.bit_length() - 1)
         mask <<= 1
-    for i in range(rem):
-        for off, cnt in pieces:
-            b.transfer(ranks[2 * i], ranks[2 * i + 1], off, cnt, reduce=False)
+    fold_out(b, ranks, rem, pieces)
     return b.build("doubling", segment=segment)

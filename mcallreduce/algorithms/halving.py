@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import List, Sequence, Tuple
 
 from ..schedule import Builder, Schedule, segments
-from .doubling import fold
+from .doubling import fold, fold_in, fold_out
 
 __all__ = ["build_halving"]
 
@@ -34,8 +34,7 @@ def build_halving(hosts: Sequence[Sequence[int]], nelem: int, segment: int = 0, 
         for o, c in segments(off, cnt, segment):
             b.transfer(src, dst, o, c, reduce=reduce, incoming_left=incoming_left)
 
-    for i in range(rem):
-        move(ranks[2 * i + 1], ranks[2 * i], 0, nelem, reduce=True)
+    fold_in(b, ranks, rem, segments(0, nelem, segment))
     held: List[Tuple[int, int]] = [(0, nelem)] * pof2     # each virtual rank's range
     history: List[List[Tuple[int, int]]] = []
     dist = pof2 // 2
@@ -63,6 +62,5 @@ def build_halving(hosts: Sequence[Sequence[int]], nelem: int, segment: int = 0, 
             move(active[w], active[v], *held[w], reduce=False)
             held[v] = held[w] = before[v]
         dist *= 2
-    for i in range(rem):
-        move(ranks[2 * i], ranks[2 * i + 1], 0, nelem, reduce=False)
+    fold_out(b, ranks, rem, segments(0, nelem, segment))
     return b.build("halving", segment=segment)
