@@ -103,13 +103,12 @@ def decode_per_core(store, decoder: str, limit: int = 400, rounds: int = 3, chun
     from PIL import Image
     from . import jpeg
     from .normalize import Normalize
-    from .resize import _cv2, _torch_resize_op, resizer_name
+    from .resize import available_resizers, resizer_name
     from .transforms import TrainTransform
     blobs = [bytes(store.sample_bytes(i)) for i in range(min(limit, len(store)))]
     jpegs = [b for b in blobs if b[:2] == b"\xff\xd8"]
     default = TrainTransform(decoder=decoder, seed=0)
-    resizers = [r for r in ("torch", "pil", "cv2")
-                if r == "pil" or (r == "torch" and _torch_resize_op() is not None) or (r == "cv2" and _cv2())]
+    resizers = available_resizers()
     cases = {"simplejpeg_full_decode": lambda b: simplejpeg.decode_jpeg(b, colorspace="RGB"),
              "pil_full_decode": lambda b: Image.open(io.BytesIO(b)).convert("RGB"),
              "train_transform": default}

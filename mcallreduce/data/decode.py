@@ -17,7 +17,7 @@ from PIL import Image
 from ..config import data as config
 from . import jpeg
 from .crop_boxes import Box
-from .resize import _pixel_box, crop_resize, resizer_name
+from .resize import pixel_box, crop_resize, resizer_name
 
 try:
     import simplejpeg
@@ -108,7 +108,7 @@ def _decode_box(data, k: int, width: int, height: int, box: Box, out: Tuple[int,
         local = (scaled[0] - left, scaled[1] - top, scaled[2] - left, scaled[3] - top)
     else:
         # torch/cv2 resize the box rounded to whole pixels: decode exactly that (a contiguous array).
-        left, top, right, bottom = _pixel_box(scaled, sw, sh)
+        left, top, right, bottom = pixel_box(scaled, sw, sh)
         local = (0, 0, right - left, bottom - top)
     region = jpeg.decode_box(data, k, (left, top, right, bottom))
     return crop_resize(region, local, out, flip, resizer)

@@ -52,6 +52,12 @@ def _cv2():
     return cv2
 
 
+def available_resizers() -> Tuple[str, ...]:
+    """The resizers that run here: Pillow always, torch's and OpenCV's where present."""
+    return tuple(r for r in RESIZERS
+                 if r == "pil" or (r == "torch" and _torch_resize_op() is not None) or (r == "cv2" and _cv2()))
+
+
 def resizer_name(resizer: Optional[str] = None) -> str:
     """``auto`` (default): torch's fast uint8 kernel when present, else Pillow. ``cv2`` is opt-in."""
     name = resizer or "auto"
@@ -70,7 +76,7 @@ def resizer_name(resizer: Optional[str] = None) -> str:
     return name
 
 
-def _pixel_box(box: Box, width: int, height: int) -> Tuple[int, int, int, int]:
+def pixel_box(box: Box, width: int, height: int) -> Tuple[int, int, int, int]:
     """``box`` rounded to whole pixels inside a width x height image, at least 1x1."""
     left = min(max(int(round(box[0])), 0), width - 1)
     top = min(max(int(round(box[1])), 0), height - 1)
@@ -98,7 +104,7 @@ def crop_resize(image, box: Box, out: Tuple[int, int], flip: bool = False, resiz
             small = small.transpose(Image.FLIP_LEFT_RIGHT)
         return np.ascontiguousarray(np.asarray(small).transpose(2, 0, 1)[:3])
     array = np.asarray(image)
-    left, top, right, bottom = _pixel_box(box, array.shape[1], array.shape[0])
+    left, top, right, bottom = pixel_box(box, array.shape[1], array.shape[0])
     # torch's kernel wants contiguous channels-last: numpy copies the box (torch would, through its thread pool).
     crop = np.ascontiguousarray(array[top:bottom, left:right])
     if crop.shape[1] == out[0] and crop.shape[0] == out[1]:
