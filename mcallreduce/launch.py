@@ -4,7 +4,7 @@ Open MPI needs a few flags that depend on the machine rather than on the job:
 ``--allow-run-as-root`` as root, ``--oversubscribe`` with more ranks than cores,
 and then ``--mca mpi_yield_when_idle 1``: without it, ranks that spin in MPI's
 progress loop starve each other and a benchmark measures the scheduler instead
-of the network (a 4 KiB allreduce on 8 oversubscribed ranks: 16 ms vs 0.5 ms).
+of the network (docs/cluster.md).
 :func:`run` also gives each job its own shared-memory backing directory and removes it
 afterwards, so a job killed at its timeout leaves nothing in /dev/shm.
 

@@ -119,8 +119,8 @@ static int read_box(j_decompress_ptr cinfo, struct job *job)
         return -1;
     }
     /* Each decoded row is `skip` pixels wider on the left and up to two on the right.
-     * Copying the box's part out of a scratch row measured ~9% of the decode time, so
-     * rows are decoded in place: row y lands `lead` bytes before its place in `out`,
+     * Copying the box's part out of a scratch row costs a visible part of the decode
+     * (docs/data.md), so rows are decoded in place: row y lands `lead` bytes before its place in `out`,
      * over the end of row y-1, whose bytes are saved and put back; its right margin
      * spills into row y+1, which is written afterwards. Only rows whose margins would
      * fall outside `out` (the first and last few) go through the scratch row. */

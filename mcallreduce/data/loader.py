@@ -104,8 +104,8 @@ class ThreadedLoader:
 def collate(items: list):
     """(tensor, int) pairs -> (batched tensor, int64 labels), else torch's default_collate.
 
-    The images are stacked with numpy: torch.stack enters torch's intra-op pool,
-    which on a loaded machine measured 10-40x slower than one memcpy per image.
+    The images are stacked with numpy: torch.stack enters torch's intra-op pool from
+    every calling thread, much slower on a loaded machine (docs/data.md, "Decode pipeline").
     """
     first = items[0]
     if (isinstance(first, tuple) and len(first) == 2 and isinstance(first[0], torch.Tensor)

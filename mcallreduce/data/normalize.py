@@ -19,7 +19,7 @@ class Normalize:
     and ``std`` (of 0..1 images), equal to what ``normalize=True`` gives per image.
     With ``device`` (say ``"cuda"``) the uint8 batch is copied there first and
     normalised there by one torch kernel; on the CPU one numpy pass does it (torch's
-    CPU kernels for this uint8 -> float broadcast measured 2-4x slower than numpy).
+    CPU kernels for this uint8 -> float broadcast are slower: docs/data.md, "Decode pipeline").
     Takes the ``(images, labels)`` pairs of the loader (labels moved to ``device``
     too) or a bare image batch. ``channels_last`` returns that memory format.
     """

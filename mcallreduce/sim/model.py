@@ -31,10 +31,10 @@ A :class:`ClusterModel` describes
   / ``peak_Bps``, the token bucket of a tc tbf shaper (a message that finds tokens
   passes at ``peak_Bps``, the rest at the rate: time = max(n/peak, (n - tokens)/rate)),
   and ``duplex``, the per-direction rate of a rank pair that exchanges bulk data both
-  ways at once over its TCP connection (measured: 0.6 of the one-way rate). The loss is
+  ways at once over its TCP connection (docs/model.md, "Calibration"). The loss is
   the rendezvous protocol's: a message above the eager limit waits for a clear-to-send
   that queues behind the other direction's data, so ``duplex_eager`` (messages up to
-  ``eager_bytes``, measured 0.95-1.0) is separate.
+  ``eager_bytes``) is separate.
 """
 from __future__ import annotations
 
