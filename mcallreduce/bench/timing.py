@@ -1,4 +1,4 @@
-"""The one timing loop of the benchmarks: arms alternated call by call, each iteration timed
+"""The one timing loop of the benchmarks: arms alternated call by call, each call timed
 from a barrier, an iteration over when its slowest rank is done (as nccl-tests and the OSU
 benchmarks time a collective)."""
 from __future__ import annotations
@@ -31,15 +31,20 @@ def iterations(comm, arms: Sequence[Callable[[], None]], seconds: float, min_ite
 
 def interleaved(comm, arms: Sequence[Callable[[], None]], iters: int,
                 reset: Optional[Callable[[], None]] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """Run ``arms`` a, b, c, a, b, c, ... so that all of them meet the same background load.
+    """Run ``arms`` alternated call by call so that all of them meet the same background load,
+    in a new order every iteration (the same on every rank): an arm's time depends on the one
+    before it (what that call left in the caches and MPI's progress state), and in a fixed or
+    rotated order every arm would always follow the same one.
 
     Returns (the slowest rank's seconds, this rank's CPU seconds), each ``iters x len(arms)``.
     ``reset`` runs before each call, outside the timed span (refilling the buffer, say)."""
     from mpi4py import MPI
     times = np.empty((iters, len(arms)))
     cpu = np.empty_like(times)
+    orders = np.random.default_rng(0)
     for i in range(iters):
-        for j, arm in enumerate(arms):
+        for j in orders.permutation(len(arms)):
+            arm = arms[j]
             if reset is not None:
                 reset()
             comm.Barrier()
