@@ -48,3 +48,11 @@ def test_none_switches_every_table_off_and_the_builtin_table_is_measured():
     table = json.loads(open(BUILTIN_TABLE).read())
     assert table["measured"] is True and "1h2r" in table["tables"]
     assert {r["algorithm"] for r in table["tables"]["1h2r"]} <= {"multicolor", "ring", "doubling", "halving", "mpi"}
+
+
+def test_a_measured_table_keeps_the_builtin_choice_within_the_margin():
+    from mcallreduce.bench.tune_measure import choose
+    times = {"multicolor": 102e-6, "ring": 100e-6, "mpi": 120e-6}
+    assert choose(times, margin=0.03) == "multicolor"    # 2 % slower: noise, not a reason to switch
+    assert choose(times, margin=0.01) == "ring"
+    assert choose({"multicolor": 2e-3, "ring": 1.3e-3, "mpi": 1.7e-3}, margin=0.03) == "ring"

@@ -7,7 +7,8 @@ For every size, ``multicolor`` (its built-in choice of schedule, the shared-memo
 on one host included; and with 256 KiB and 1 MiB segments), ``ring``, ``doubling``,
 ``halving`` and ``mpi`` (MPI's own allreduce, through the same executor) are timed
 through the public API, interleaved call by call, in a few passes, and the fastest is
-the table's row for that size; multicolor's ``auto`` then runs it, as NCCL's tuner or
+the table's row for that size (the built-in choice stays where it is within ``--margin``
+of the fastest); multicolor's ``auto`` then runs it, as NCCL's tuner or
 Open MPI's dynamic rules pick an algorithm by size. Rows are per layout (hosts x ranks
 per host): rerun it after changing either, or the network.
 """
@@ -51,7 +52,15 @@ def _time_size(comm, size: int, seconds: float, min_iters: int, passes: int) -> 
     return best
 
 
-def measure(sizes: Sequence[int], seconds: float, min_iters: int, passes: int = 3) -> List[Dict]:
+def choose(times: Dict[str, float], margin: float) -> str:
+    """The fastest candidate, unless the built-in choice is within ``margin`` of it: candidates
+    that close trade places from run to run, and a table should not follow the noise."""
+    best = min(times, key=times.get)
+    return "multicolor" if times["multicolor"] <= (1 + margin) * times[best] else best
+
+
+def measure(sizes: Sequence[int], seconds: float, min_iters: int, passes: int = 3,
+            margin: float = 0.03) -> List[Dict]:
     from mpi4py import MPI
     from ..runtime import Context
     from .. import config
@@ -61,7 +70,7 @@ def measure(sizes: Sequence[int], seconds: float, min_iters: int, passes: int = 
     rows = []
     for size in sizes:
         times = _time_size(comm, size, seconds, min_iters, passes)
-        best = min(times, key=times.get)
+        best = choose(times, margin)
         _, algorithm, overrides = next(c for c in CANDIDATES if c[0] == best)
         plan = ctx.plan(base.with_overrides(algorithm=algorithm, **overrides), max(1, size // 4),
                         np.dtype(np.float32), "sum", 1.0, 1.0)
@@ -82,6 +91,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--seconds", type=float, default=0.5, help="time budget per size and candidate")
     ap.add_argument("--min-iters", type=int, default=5, help="timed calls per candidate and pass, at least")
     ap.add_argument("--passes", type=int, default=3, help="interleaved passes per size; each candidate keeps its best")
+    ap.add_argument("--margin", type=float, default=0.03,
+                    help="keep the built-in choice where it is within this fraction of the fastest")
     ap.add_argument("--out", required=True, help="JSON table to write (the MCALLREDUCE_TUNING_FILE format)")
     ns = ap.parse_args(argv)
     os.environ["MCALLREDUCE_TUNING_FILE"] = "none"   # measure the built-in rules, not a table's
@@ -90,7 +101,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from mpi4py import MPI
     from ..runtime import Context
     hosts = Context.get(MPI.COMM_WORLD).hosts
-    rows = measure([parse_size(s, "--sizes") for s in ns.sizes.split(",") if s], ns.seconds, ns.min_iters, ns.passes)
+    rows = measure([parse_size(s, "--sizes") for s in ns.sizes.split(",") if s], ns.seconds, ns.min_iters, ns.passes,
+                   ns.margin)
     if MPI.COMM_WORLD.Get_rank() == 0:
         layout = f"{len(hosts)}h{max(len(h) for h in hosts)}r"
         table = {"measured": True, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
