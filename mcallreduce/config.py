@@ -10,6 +10,7 @@
 | MCALLREDUCE_ROUTE            | auto, tree, ring               | auto       |
 | MCALLREDUCE_PIPELINE_DEPTH   | an integer >= 1                | 4          |
 | MCALLREDUCE_SHM_BYTES        | a size (8M), 0 = off           | 8M         |
+| MCALLREDUCE_SINGLE_COPY_BYTES| a size (64K), 0 = off          | 64K        |
 | MCALLREDUCE_CHECK            | 1, 0                           | 1          |
 | MCALLREDUCE_VERBOSE          | 0, 1                           | 0          |
 | MCALLREDUCE_RANKS_PER_HOST   | auto, or an integer >= 1       | auto       |
@@ -90,6 +91,16 @@ def _shm_bytes(value: Optional[str]) -> int:
     return size
 
 
+# From this size the one-host stage reads and writes the peers' buffers directly (Linux CMA,
+# where the kernel allows it) instead of copying through the window, and has no size limit
+# (measured: docs/benchmarks.md, "One host: the single-copy stage").
+SINGLE_COPY_BYTES = 64 << 10
+
+
+def _single_copy_bytes(value: Optional[str]) -> int:
+    return SINGLE_COPY_BYTES if value is None else parse_size(value, "MCALLREDUCE_SINGLE_COPY_BYTES")
+
+
 ROUTES = ("tree", "ring")
 
 
@@ -116,6 +127,7 @@ class Config:
     tuning_file: Optional[str] = None
     inter_host_segment: int = inter_host_segment_bytes({})   # Open MPI's default eager limit
     shm_bytes: int = SHM_BYTES
+    single_copy_bytes: int = SINGLE_COPY_BYTES
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
@@ -151,6 +163,7 @@ class Config:
             tuning_file=_existing_file(get("TUNING_FILE")),
             inter_host_segment=inter_host_segment_bytes(env),
             shm_bytes=_shm_bytes(get("SHM_BYTES")),
+            single_copy_bytes=_single_copy_bytes(get("SINGLE_COPY_BYTES")),
         )
 
     def with_overrides(self, **kwargs) -> "Config":

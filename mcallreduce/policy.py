@@ -81,11 +81,20 @@ def _slices(config: Config, colors: int, hosts: Sequence[Sequence[int]]) -> int:
     return 1 if config.algorithm == "doubling" else colors
 
 
+def single_copy(config: Config, nbytes: int, available: bool) -> bool:
+    """Whether a one-host stage of ``nbytes`` reads the peers' buffers directly (``available``:
+    the kernel lets every rank do it, and the call has no prescale)."""
+    return available and 0 < config.single_copy_bytes <= nbytes
+
+
 def resolve(config: Config, nbytes: int, itemsize: int,
-            hosts: Sequence[Sequence[int]], shared_slot: int = 0, mpi_type: bool = True) -> Tuple[str, Params]:
+            hosts: Sequence[Sequence[int]], shared_slot: int = 0, mpi_type: bool = True,
+            single_copy_ok: bool = False) -> Tuple[str, Params]:
     """Concrete algorithm and schedule parameters for one message of ``nbytes``.
 
     ``shared_slot``: bytes per slot of the caller's shared-memory window (0: none).
+    ``single_copy_ok``: whether the single-copy stage could run this call (:func:`single_copy`),
+    which needs no slot of the message's size.
     ``mpi_type``: whether MPI has the element type (float16 has none), so that a table
     that picked MPI's allreduce for this size can be followed.
     """
@@ -95,7 +104,7 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     # only while no multicolor knob is set
     knobs_unset = (config.colors, config.segment_bytes, config.fanout, config.hierarchy, config.route) == (None,) * 5
     shared_fits = (len(hosts) == 1 and nranks > 1 and shared_slot > 0 and config.shm_bytes > 0
-                   and nbytes <= min(config.shm_bytes, shared_slot))
+                   and (nbytes <= min(config.shm_bytes, shared_slot) or single_copy(config, nbytes, single_copy_ok)))
     hit = _tuned(config, hosts, nbytes, itemsize) if knobs_unset and nranks > 1 else None
     if hit is not None and hit[0] == "mpi" and not mpi_type:   # the built-in rules instead
         hit = None

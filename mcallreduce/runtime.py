@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import sys
 import threading
 from typing import Any, Dict, List, Optional
@@ -25,7 +26,7 @@ from .engine import MAX_SCHEDULE_TAGS, TAG_SPAN, Engine, Handle
 from .lowering import lower
 from .memory import SharedWindow, as_array
 from .metadata import DTYPE_CODE, DTYPES, FIELDS, OP_CODE, REJECT_BUFFER, REJECT_CONFIG, mismatch, vector
-from .policy import ALGORITHMS, FUSED_MAX_BYTES, ROUTES, resolve
+from .policy import ALGORITHMS, FUSED_MAX_BYTES, ROUTES, resolve, single_copy
 from .schedule import Schedule
 
 __all__ = ["Context", "Handle", "allreduce", "allreduce_async", "start_progress_thread", "OPS", "DTYPES"]
@@ -60,6 +61,7 @@ class Context:
         atexit.register(self.close)   # before the window is freed and MPI finalized
         if self.shared is not None:
             self.engine.set_window(self.shared.win, self.shared.address, self.shared.slot_bytes)
+        self.single_copy = self.shared is not None and self._peers_readable()
         self._plans: Dict[tuple, Plan] = {}
         self.calls: Dict[tuple, Plan] = {}    # the fast path's plans, by call arguments
         self._bases: List[Config] = []        # the configs behind its keys' ids, kept alive
@@ -96,6 +98,15 @@ class Context:
                 print(f"mcallreduce: {nelem} x {dtype} {op} on {self.size} ranks / {len(self.hosts)} hosts "
                       f"-> {what}", file=sys.stderr, flush=True)
         return plan
+
+    def _peers_readable(self) -> bool:
+        """Whether every rank can read every peer's memory (Linux CMA: process_vm_readv, which
+        ptrace rules and containers may forbid), as the single-copy stage does; collective."""
+        probe = np.array([(self.rank + 1) * 7919], np.int64)
+        peers = self.comm.allgather((os.getpid(), probe.ctypes.data))
+        ok = all(self.engine.native.probe_copy(pid, address) == (0, (q + 1) * 7919)
+                 for q, (pid, address) in enumerate(peers) if q != self.rank)
+        return bool(self.comm.allreduce(int(ok), op=MPI.MIN))   # probe stays alive until every rank read it
 
     @staticmethod
     def _hosts(comm: MPI.Comm, ranks_per_host: Optional[int]) -> List[List[int]]:
@@ -149,11 +160,14 @@ class Plan:
                  pre: float, post: float):
         slot = ctx.shared.slot_bytes if ctx.shared is not None else 0
         mpi_type = dtype != np.float16   # the one supported dtype MPI has no type for
+        direct = ctx.single_copy and pre == 1.0   # a prescaled copy needs the window's slots
         self.algorithm, self.params = resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, slot,
-                                              mpi_type=mpi_type)
+                                              mpi_type=mpi_type, single_copy_ok=direct)
         self.schedule: Optional[Schedule] = None
         self.program = None
-        if self.params.shared:
+        if self.params.shared and single_copy(config, nelem * dtype.itemsize, direct):
+            self.kind = _executor.KIND_SINGLE_COPY
+        elif self.params.shared:
             self.kind = _executor.KIND_SHARED
         elif self.algorithm == "doubling" and config.check and nelem * dtype.itemsize <= FUSED_MAX_BYTES:
             self.kind = _executor.KIND_FUSED    # reduced along its own metadata check
@@ -182,10 +196,15 @@ class Plan:
             p = self.params
             self.meta = vector(ctx.rank, 0, (
                 nelem, DTYPE_CODE[dtype], _ALGO_CODE[self.algorithm], OP_CODE[op], p.colors, p.segment,
-                p.fanout or 0, int(p.hierarchical), p.depth, int(p.shared), scale_key, _ROUTE_CODE.get(p.route, 0)))
+                p.fanout or 0, int(p.hierarchical), p.depth, self._stage_code(), scale_key, _ROUTE_CODE.get(p.route, 0)))
         post = post / ctx.size if op == "average" else post
         self.template = _executor.Template(self.kind, self.program, DTYPE_CODE[dtype], OP_CODE[op], post,
                                            self.meta, self.check)
+
+    def _stage_code(self) -> int:
+        """The check's field for the one-host stage: 0 none, 1 the window, 2 single copy (ranks
+        that disagree would read slots nobody wrote)."""
+        return {_executor.KIND_SHARED: 1, _executor.KIND_SINGLE_COPY: 2}.get(self.kind, 0)
 
 
 def _rejected(ctx: Context, exc: BaseException):

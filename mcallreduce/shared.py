@@ -16,6 +16,13 @@ synchronisations in all. Through a window that every local rank maps, it is:
    the result area. *sync 2*: a zero-byte message to every other rank.
 3. **collect**: each rank copies the result area into its buffer.
 
+From ``MCALLREDUCE_SINGLE_COPY_BYTES`` on, where the kernel lets ranks read and write each
+other's memory (Linux CMA), the stage skips the window: after sync 1 (each rank's slot now
+holds only where its buffer is), rank c folds color c of every rank's buffer, read straight
+from it, into its own buffer, and writes the result into every peer's buffer
+(:func:`reduce_color_direct`); sync 2 ends the call. Rank c reads and writes only color c of
+any buffer, so no rank reads a range another writes.
+
 Each value is computed once, by its color's owner, so every rank holds bitwise the
 same result, and the fold order is fixed, so repeated runs agree too.
 
@@ -39,7 +46,8 @@ import numpy as np
 
 from .schedule import split_even
 
-__all__ = ["ALIGN", "areas", "colors", "publish", "sources", "reduce_color", "collect", "scale_"]
+__all__ = ["ALIGN", "areas", "colors", "publish", "sources", "reduce_color", "collect", "reduce_color_direct",
+           "scale_"]
 
 ALIGN = 4096   # slots start on page boundaries
 
@@ -88,6 +96,28 @@ def reduce_color(data: Sequence[np.ndarray], result: np.ndarray, color: int, ufu
 def collect(arr: np.ndarray, result: np.ndarray) -> None:
     """Step 3: copy the result area into ``arr``."""
     arr[...] = result
+
+
+def reduce_color_direct(buffers: Sequence[np.ndarray], color: int, ufunc: Callable, chunk: int) -> None:
+    """Single copy, step 2 on local rank ``color``: the same fold as :func:`reduce_color`, of
+    color ``color`` of every rank's buffer into this rank's own, ``chunk`` elements at a time
+    (the ranks below first, then its own data, then the ranks above), each chunk then
+    written into every peer's buffer (native/shared_stage.c does it through the kernel)."""
+    mine_all = buffers[color]
+    lo, count = colors(mine_all.size, len(buffers))[color]
+    for at in range(lo, lo + count, chunk):
+        part = slice(at, min(at + chunk, lo + count))
+        mine = mine_all[part]
+        if color > 0:
+            prefix = buffers[0][part].copy()
+            for below in buffers[1:color]:
+                ufunc(prefix, below[part], out=prefix)
+            ufunc(prefix, mine, out=mine)
+        for above in buffers[color + 1:]:
+            ufunc(mine, above[part], out=mine)
+        for q, peer in enumerate(buffers):
+            if q != color:
+                peer[part] = mine
 
 
 def scale_(arr: np.ndarray, factor: float) -> None:

@@ -23,6 +23,16 @@ def test_all_cases_without_the_shared_memory_stage():
     run_cases(3, env={"MCALLREDUCE_SHM_BYTES": "0"})
 
 
+def test_all_cases_with_the_single_copy_stage_at_every_size():
+    # from MCALLREDUCE_SINGLE_COPY_BYTES on, the one-host stage reads and writes the peers'
+    # buffers directly; with no table multicolor is that stage at every size
+    run_cases(3, env={"MCALLREDUCE_SINGLE_COPY_BYTES": "1", "MCALLREDUCE_TUNING_FILE": "none"})
+
+
+def test_all_cases_with_the_window_stage_only():
+    run_cases(2, env={"MCALLREDUCE_SINGLE_COPY_BYTES": "0", "MCALLREDUCE_TUNING_FILE": "none"})
+
+
 def test_hierarchical_two_virtual_hosts_of_two_ranks():
     # MCALLREDUCE_RANKS_PER_HOST groups ranks into virtual hosts, exercising the
     # intra-host reduce / inter-host trees / intra-host broadcast path under MPI

@@ -49,6 +49,23 @@ def test_every_length_matches_the_fixed_order_reference_bitwise(p, dtype):
             assert b.tobytes() == want.tobytes(), (p, dtype, n)
 
 
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_single_copy_gives_the_window_stage_result_bitwise_in_any_rank_order(p, dtype):
+    # ranks run concurrently: playing them in rank order and in reverse shows that no rank
+    # reads a range another rank has already written
+    rng = np.random.default_rng(p + 100)
+    for n in (0, 1, p - 1, p + 1, 97, 1031):
+        inputs = [(rng.standard_normal(n) * 50).astype(dtype) for _ in range(p)]
+        want = reference(inputs, np.add)
+        for order in (range(p), reversed(range(p))):
+            bufs = [x.copy() for x in inputs]
+            for r in order:
+                shared.reduce_color_direct(bufs, r, np.add, chunk=7)
+            for b in bufs:
+                assert b.tobytes() == want.tobytes(), (p, dtype, n)
+
+
 @pytest.mark.parametrize("ufunc", [np.minimum, np.maximum, np.multiply])
 def test_ops_and_signed_zeros_agree_on_every_rank(ufunc):
     p = 4

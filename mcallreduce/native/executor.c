@@ -138,7 +138,7 @@ void checked(EngineObject *e, run_t *r) {
         memcpy(r->buf, check_data(r), (size_t)(r->nelem * r->isz));
         finish(e, r, STATUS_OK);
         return;
-    case KIND_SHARED:
+    case KIND_SHARED: case KIND_SINGLE_COPY:
         shm_reduce(e, r);
         if (!r->done && r->pending == 0) shm_collect(e, r);   /* a single rank */
         return;
@@ -165,7 +165,7 @@ void finish(EngineObject *e, run_t *r, int status) {
         r->crecv = NULL;
     }
     e->nfinished++;
-    if (r->kind == KIND_SHARED && r == e->shm_head) shm_next(e);
+    if (ONE_HOST_STAGE(r->kind) && r == e->shm_head) shm_next(e);
     if (r->kind == KIND_MPI && r == e->coll_head) pump_collectives(e);
 }
 
@@ -282,7 +282,7 @@ void progress(EngineObject *e, int block, run_t *until) {
 void free_run(run_t *r) {
     PyBuffer_Release(&r->view);
     Py_XDECREF(r->program);
-    free(r->waiting); free(r->ready); free(r->meta); free(r->cmine); free(r->crecv); free(r->color_t); free(r);
+    free(r->waiting); free(r->ready); free(r->meta); free(r->cmine); free(r->crecv); free(r->color_t); free(r->sync_in); free(r);
 }
 
 /* What Python needs to raise: the MAX vector of a mismatch, an error's text, else None. */
@@ -344,7 +344,7 @@ void start_run(EngineObject *e, run_t *r) {
         if (e->coll_tail) e->coll_tail->next = r; else e->coll_head = r;
         e->coll_tail = r;
         start_check(e, r);
-    } else if (r->kind == KIND_SHARED) {
+    } else if (ONE_HOST_STAGE(r->kind)) {
         int first = e->shm_head == NULL;
         if (e->shm_tail) e->shm_tail->next = r; else e->shm_head = r;
         e->shm_tail = r;

@@ -10,7 +10,9 @@
 #include "kernels.h"
 
 enum { STEP_SEND = 0, STEP_RECV = 1, STEP_RECV_SCRATCH = 2, STEP_REDUCE = 3 };
-enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KIND_FUSED = 4 };
+enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KIND_FUSED = 4, KIND_SINGLE_COPY = 5 };
+/* the one-host stages: through the window's slots, or reading and writing the peers' buffers */
+#define ONE_HOST_STAGE(kind) ((kind) == KIND_SHARED || (kind) == KIND_SINGLE_COPY)
 enum { CHECK_OFF = 0, CHECK_ON = 1 };
 enum { STATUS_OK = 0, STATUS_MISMATCH = 1, STATUS_ERROR = 2 };
 enum { OWNER_CHECK_SEND = -1, OWNER_COLLECTIVE = -2, OWNER_SYNC = -3, OWNER_WAKE = -4, OWNER_CHECK_RECV = -5,
@@ -71,6 +73,7 @@ typedef struct run {
        first_color + c; a schedule has all its colors, the shared-memory stage this rank's one */
     double *color_t;
     int ncolors, first_color;
+    char *sync_in;              /* the shared stage's sync 2: one byte from each peer, 1 if it failed */
     char error[200];
 } run_t;
 
@@ -106,7 +109,7 @@ typedef struct {
     int64_t slot_bytes;
     void *pool[POOL_SLOTS];
     size_t pool_bytes[POOL_SLOTS];
-    char sync_recv, sync_send;   /* the zero-byte messages of the shared stage's sync 2 */
+    char sync_ok, sync_failed;   /* what the shared stage's sync 2 sends: 0, or 1 after a failure */
     char fatal[256];
     /* for the stall report, read from other threads: the MPI call the executor is inside
        (NULL: none), and the wake-ups other threads have in progress */
@@ -142,6 +145,7 @@ void pump_collectives(EngineObject *e);
 void shm_publish(EngineObject *e, run_t *r);   /* step 1, then the check */
 void shm_reduce(EngineObject *e, run_t *r);    /* step 2, once checked: this rank's color, then sync 2 */
 void shm_collect(EngineObject *e, run_t *r);   /* step 3, once sync 2 is done */
+int probe_peer_copy(pid_t pid, intptr_t address, int64_t *value);   /* single copy works: 0, or an errno */
 void shm_next(EngineObject *e);                /* the queue's head finished: publish the next */
 
 /* check.c: the cross-rank metadata check */

@@ -136,6 +136,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
     MPI_Comm_size(self->comm, &self->size);
     self->win = MPI_WIN_NULL;
     self->gone_rank = -1;
+    self->sync_failed = 1;
     pthread_mutex_init(&self->wake_lock, NULL);
     return 0;
 }
@@ -173,7 +174,7 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssi
     TemplateObject *t = (TemplateObject *)args[3];
     double pre = PyFloat_AsDouble(args[5]);
     if (PyErr_Occurred()) return NULL;
-    if (t->kind == KIND_SHARED && self->win == MPI_WIN_NULL) {
+    if (ONE_HOST_STAGE(t->kind) && self->win == MPI_WIN_NULL) {
         PyErr_SetString(PyExc_RuntimeError, "no shared-memory window"); return NULL;
     }
     if (wait && self->nruns) { PyErr_SetString(PyExc_RuntimeError, "a waited call needs an idle engine"); return NULL; }
@@ -266,6 +267,16 @@ static PyObject *Engine_disable_wake(EngineObject *self, PyObject *noargs) {
     Py_RETURN_NONE;
 }
 
+/* probe_copy(pid, address) -> (errno, value): read the int64 at `address` in process `pid`
+   as the single-copy stage reads a peer's buffer (errno 0: it can). */
+static PyObject *Engine_probe_copy(EngineObject *self, PyObject *args) {
+    long long pid, address;
+    if (!PyArg_ParseTuple(args, "LL", &pid, &address)) return NULL;
+    int64_t value = 0;
+    int err = probe_peer_copy((pid_t)pid, (intptr_t)address, &value);
+    return Py_BuildValue("(iL)", err, (long long)value);
+}
+
 /* Make a blocked progress() return (any thread). */
 static PyObject *Engine_wake(EngineObject *self, PyObject *noargs) {
     int rc;
@@ -314,7 +325,7 @@ static PyObject *Engine_waiting_on(EngineObject *self, PyObject *args) {
             int peer = check_peer(self, r);
             return Py_BuildValue("(si)", "the metadata check", peer);
         }
-        if (r->kind == KIND_SHARED) return Py_BuildValue("(si)", "the shared-memory stage", -1);
+        if (ONE_HOST_STAGE(r->kind)) return Py_BuildValue("(si)", "the shared-memory stage", -1);
         if (r->kind == KIND_MPI) return Py_BuildValue("(si)", r->coll_ready ? "MPI's allreduce" : "an earlier MPI allreduce", -1);
         if (r->kind == KIND_SCHEDULE) return Py_BuildValue("(si)", "the schedule's messages", -1);
         return Py_BuildValue("(si)", "the metadata check", -1);
@@ -355,6 +366,8 @@ static PyMethodDef Engine_methods[] = {
     {"set_window", (PyCFunction)Engine_set_window, METH_VARARGS, "set_window(win_f, base_address, slot_bytes)"},
     {"enable_wake", (PyCFunction)Engine_enable_wake, METH_NOARGS, "enable_wake(): post the wake-up request"},
     {"disable_wake", (PyCFunction)Engine_disable_wake, METH_NOARGS, "complete and forget the wake-up request"},
+    {"probe_copy", (PyCFunction)Engine_probe_copy, METH_VARARGS,
+     "probe_copy(pid, address) -> (errno, value): whether the single-copy stage can read a peer"},
     {"wake", (PyCFunction)Engine_wake, METH_NOARGS, "make a blocked progress() return"},
     {"enable_goodbye", (PyCFunction)Engine_enable_goodbye, METH_VARARGS, "enable_goodbye(comm_f)"},
     {"goodbye", (PyCFunction)Engine_goodbye, METH_NOARGS, "goodbye(): tell the peers this rank leaves"},
@@ -391,6 +404,7 @@ PyMODINIT_FUNC PyInit__executor(void) {
 #define CONST(name, value) PyModule_AddIntConstant(m, name, value)
     CONST("KIND_CHECK_ONLY", KIND_CHECK_ONLY); CONST("KIND_SCHEDULE", KIND_SCHEDULE);
     CONST("KIND_MPI", KIND_MPI); CONST("KIND_SHARED", KIND_SHARED);
+    CONST("KIND_SINGLE_COPY", KIND_SINGLE_COPY);
     CONST("KIND_FUSED", KIND_FUSED); CONST("CHECK_OFF", CHECK_OFF); CONST("CHECK_ON", CHECK_ON);
     CONST("STATUS_OK", STATUS_OK); CONST("STATUS_MISMATCH", STATUS_MISMATCH); CONST("STATUS_ERROR", STATUS_ERROR);
     CONST("LOWERED_COLUMNS", LOWERED_COLUMNS);
