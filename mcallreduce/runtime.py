@@ -139,6 +139,7 @@ class Context:
             self.engine.set_window(None, 0, 0)
             self.shared.free()
             self.shared = None
+            self.single_copy = False   # its stage publishes through the window too
             self._plans.clear()   # plans made for the window's slots
             self.calls.clear()
 
