@@ -81,7 +81,7 @@ def _slices(config: Config, colors: int, hosts: Sequence[Sequence[int]]) -> int:
     return 1 if config.algorithm == "doubling" else colors
 
 
-def single_copy(config: Config, nbytes: int, available: bool) -> bool:
+def _single_copy(config: Config, nbytes: int, available: bool) -> bool:
     """Whether a one-host stage of ``nbytes`` reads the peers' buffers directly (``available``:
     the kernel lets every rank do it, and the call has no prescale)."""
     return available and 0 < config.single_copy_bytes <= nbytes
@@ -93,8 +93,9 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     """Concrete algorithm and schedule parameters for one message of ``nbytes``.
 
     ``shared_slot``: bytes per slot of the caller's shared-memory window (0: none).
-    ``single_copy_ok``: whether the single-copy stage could run this call (:func:`single_copy`),
-    which needs no slot of the message's size.
+    ``single_copy_ok``: whether the one-host stage could read the peers' buffers directly for
+    this call (the kernel allows it, no prescale); from ``config.single_copy_bytes`` on it
+    does, and then needs no slot of the message's size.
     ``mpi_type``: whether MPI has the element type (float16 has none), so that a table
     that picked MPI's allreduce for this size can be followed.
     """
@@ -103,15 +104,17 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     # the shared-memory stage, the latency regime (doubling) and the tuning table apply
     # only while no multicolor knob is set
     knobs_unset = (config.colors, config.segment_bytes, config.fanout, config.hierarchy, config.route) == (None,) * 5
+    single_copy = _single_copy(config, nbytes, single_copy_ok)
     shared_fits = (len(hosts) == 1 and nranks > 1 and shared_slot > 0 and config.shm_bytes > 0
-                   and (nbytes <= min(config.shm_bytes, shared_slot) or single_copy(config, nbytes, single_copy_ok)))
+                   and (nbytes <= min(config.shm_bytes, shared_slot) or single_copy))
     hit = _tuned(config, hosts, nbytes, itemsize) if knobs_unset and nranks > 1 else None
     if hit is not None and hit[0] == "mpi" and not mpi_type:   # the built-in rules instead
         hit = None
     if hit is not None and hit[0] != "multicolor":      # the table picked another algorithm
         return hit[0], Params(segment=hit[1].segment, depth=config.depth)
     if config.algorithm == "multicolor" and knobs_unset and shared_fits and (hit is None or hit[1].shared):
-        return "multicolor", Params(colors=nranks, hierarchical=True, depth=config.depth, shared=True)
+        return "multicolor", Params(colors=nranks, hierarchical=True, depth=config.depth, shared=True,
+                                    single_copy=single_copy)
     if config.algorithm == "multicolor" and knobs_unset and hit is None and latency_bound(nbytes, nranks):
         return "doubling", Params(segment=0, depth=config.depth)
     tuned = hit[1] if hit is not None and hit[0] == "multicolor" else None

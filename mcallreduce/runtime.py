@@ -26,7 +26,7 @@ from .engine import MAX_SCHEDULE_TAGS, TAG_SPAN, Engine, Handle
 from .lowering import lower
 from .memory import SharedWindow, as_array
 from .metadata import DTYPE_CODE, DTYPES, FIELDS, OP_CODE, REJECT_BUFFER, REJECT_CONFIG, mismatch, vector
-from .policy import ALGORITHMS, FUSED_MAX_BYTES, ROUTES, resolve, single_copy
+from .policy import ALGORITHMS, FUSED_MAX_BYTES, ROUTES, resolve
 from .schedule import Schedule
 
 __all__ = ["Context", "Handle", "allreduce", "allreduce_async", "start_progress_thread", "OPS", "DTYPES"]
@@ -94,7 +94,8 @@ class Context:
             if config.verbose and self.rank == 0:   # once per new kind of call, not per call
                 what = plan.schedule.describe() if plan.schedule is not None else plan.algorithm
                 if plan.params.shared:
-                    what = f"{plan.algorithm}(colors={plan.params.colors}, shared memory)"
+                    copy = ", single copy" if plan.params.single_copy else ""
+                    what = f"{plan.algorithm}(colors={plan.params.colors}, shared memory{copy})"
                 print(f"mcallreduce: {nelem} x {dtype} {op} on {self.size} ranks / {len(self.hosts)} hosts "
                       f"-> {what}", file=sys.stderr, flush=True)
         return plan
@@ -166,7 +167,7 @@ class Plan:
                                               mpi_type=mpi_type, single_copy_ok=direct)
         self.schedule: Optional[Schedule] = None
         self.program = None
-        if self.params.shared and single_copy(config, nelem * dtype.itemsize, direct):
+        if self.params.single_copy:
             self.kind = _executor.KIND_SINGLE_COPY
         elif self.params.shared:
             self.kind = _executor.KIND_SHARED
@@ -194,18 +195,15 @@ class Plan:
         if config.check or self.params.shared:   # the shared stage's first sync carries it anyway
             self.check = _executor.CHECK_ON
             scale_key = hash((float(pre), float(post))) & ((1 << 40) - 1)
-            p = self.params
+            p = self.params   # the stage field: 0 none, 1 the window, 2 single copy
             self.meta = vector(ctx.rank, 0, (
                 nelem, DTYPE_CODE[dtype], _ALGO_CODE[self.algorithm], OP_CODE[op], p.colors, p.segment,
-                p.fanout or 0, int(p.hierarchical), p.depth, self._stage_code(), scale_key, _ROUTE_CODE.get(p.route, 0)))
+                p.fanout or 0, int(p.hierarchical), p.depth, int(p.shared) + int(p.single_copy), scale_key,
+                _ROUTE_CODE.get(p.route, 0)))
         post = post / ctx.size if op == "average" else post
         self.template = _executor.Template(self.kind, self.program, DTYPE_CODE[dtype], OP_CODE[op], post,
                                            self.meta, self.check)
 
-    def _stage_code(self) -> int:
-        """The check's field for the one-host stage: 0 none, 1 the window, 2 single copy (ranks
-        that disagree would read slots nobody wrote)."""
-        return {_executor.KIND_SHARED: 1, _executor.KIND_SINGLE_COPY: 2}.get(self.kind, 0)
 
 
 def _rejected(ctx: Context, exc: BaseException):

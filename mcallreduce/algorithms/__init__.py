@@ -32,6 +32,7 @@ class Params:
     depth: int = 4               # scratch slots per (peer, color, lane): segments in flight
     shared: bool = False         # multicolor on one host through a shared-memory window
                                  # (mcallreduce/shared.py): no schedule, no messages but syncs
+    single_copy: bool = False    # that stage reading and writing the peers' buffers directly
     route: str = "tree"          # multicolor: how a color crosses hosts, "tree" or "ring"
 
 
