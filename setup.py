@@ -81,7 +81,8 @@ def executor_extension():
         print("mcallreduce: no mpicc found; building without the MPI executor")
         return []
     cflags, ldflags = flags
-    return [Extension("mcallreduce._executor", ["mcallreduce/native/module.c", "mcallreduce/native/executor.c",
+    return [Extension("mcallreduce._executor", ["mcallreduce/native/module.c", "mcallreduce/native/program.c",
+                                                "mcallreduce/native/executor.c",
                                                 "mcallreduce/native/check.c", "mcallreduce/native/collective.c",
                                                 "mcallreduce/native/shared_stage.c", "mcallreduce/native/standing.c"],
                       depends=["mcallreduce/native/kernels.h", "mcallreduce/native/executor.h"],

@@ -15,6 +15,7 @@ with the engine unless ``*_STALL_CHECK_DISABLE=1``.
 from __future__ import annotations
 
 import faulthandler
+import os
 import sys
 import threading
 import time
@@ -65,11 +66,11 @@ class StallInspector:
         ctx = self.engine.ctx
         who = f", waiting for rank {peer}" if peer >= 0 else ""
         tensor = f" of tensor '{name}'" if name else ""
-        print(f"mcallreduce: stall: rank {ctx.rank}'s allreduce #{seq}{tensor} ({nbytes} bytes) has waited "
-              f"{waited:.0f} s in {what}{who}. Every rank must start the same allreduces in the same "
-              f"order; the ranks that have not started this one cannot be named without a coordinator. "
-              f"(MCALLREDUCE_/HOROVOD_STALL_CHECK_TIME_SECONDS sets when this is reported, "
-              f"*_STALL_SHUTDOWN_TIME_SECONDS when the call fails.)", file=sys.stderr, flush=True)
+        _say(f"mcallreduce: stall: rank {ctx.rank}'s allreduce #{seq}{tensor} ({nbytes} bytes) has waited "
+             f"{waited:.0f} s in {what}{who}. Every rank must start the same allreduces in the same "
+             f"order; the ranks that have not started this one cannot be named without a coordinator. "
+             f"(MCALLREDUCE_/HOROVOD_STALL_CHECK_TIME_SECONDS sets when this is reported, "
+             f"*_STALL_SHUTDOWN_TIME_SECONDS when the call fails.)")
         if not self._dumped:
             self._dumped = True
             self._dump(ctx.rank)
@@ -78,7 +79,12 @@ class StallInspector:
         in_mpi, wakes, requests = self.engine.native.activity()
         where = f"inside {in_mpi}" if in_mpi else "not inside MPI"
         thread = "its progress thread" if self.engine.threaded else "the callers"
-        print(f"mcallreduce: stall: rank {rank}'s executor ({thread}) is {where}, with {requests} requests "
-              f"posted and {wakes} wake-up sends in progress; the Python threads of rank {rank}:",
-              file=sys.stderr, flush=True)
+        _say(f"mcallreduce: stall: rank {rank}'s executor ({thread}) is {where}, with {requests} requests "
+             f"posted and {wakes} wake-up sends in progress; the Python threads of rank {rank}:")
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+
+def _say(line: str) -> None:
+    """One line to stderr in one write, so that the lines of ranks sharing mpirun's stderr never interleave."""
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), (line + "\n").encode())

@@ -110,8 +110,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    ns.margin)
     if MPI.COMM_WORLD.Get_rank() == 0:
         layout = f"{len(hosts)}h{max(len(h) for h in hosts)}r"
-        table = {"measured": True, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                 "mpi": MPI.Get_library_version().split("\n")[0].strip(), "argv": sys.argv,
+        table = {"measured": True, "measured_at_unix": int(time.time()),
+                 "mpi": MPI.Get_library_version().split("\n")[0].strip("\0 "), "argv": sys.argv,
                  "tables": {layout: rows}}
         write_json(ns.out, table)
         print(f"# wrote {ns.out} ({layout})", file=sys.stderr)

@@ -43,6 +43,8 @@ typedef struct {
     int64_t *meta;         /* nmeta entries, or NULL */
 } TemplateObject;
 
+extern PyTypeObject ProgramType, TemplateType;  /* program.c */
+
 typedef struct run {
     long long seq;
     int kind, check, status, done, pending, tag0, dtype, op, coll_ready;
