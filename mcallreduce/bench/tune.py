@@ -9,8 +9,8 @@ multicolor schedule is played on the cost model (:mod:`mcallreduce.sim`) and the
 fastest is kept; the best ring is shown for comparison. The model is the emulated
 cluster with the constants of the last calibration (docs/data/calibration.json, or
 ``--calibration FILE``), or the paper-scale model (``--model paper``). The table is
-written as JSON (``--out``, default docs/data/tuning.json), the file
-:func:`mcallreduce.sim.tuner.auto_params` reads at run time.
+written as JSON (``--out``, default docs/data/tuning.json): the format that
+``MCALLREDUCE_TUNING_FILE`` names and :mod:`mcallreduce.policy` reads at run time.
 """
 from __future__ import annotations
 
