@@ -15,7 +15,6 @@ with the engine unless ``*_STALL_CHECK_DISABLE=1``.
 from __future__ import annotations
 
 import faulthandler
-import os
 import sys
 import threading
 import time
@@ -85,6 +84,7 @@ class StallInspector:
 
 
 def _say(line: str) -> None:
-    """One line to stderr in one write, so that the lines of ranks sharing mpirun's stderr never interleave."""
+    """One line to stderr in one write (print() writes the newline apart), so that the lines of
+    ranks sharing mpirun's stderr never interleave; any stderr object will do."""
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
-    os.write(sys.stderr.fileno(), (line + "\n").encode())
