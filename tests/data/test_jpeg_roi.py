@@ -272,7 +272,7 @@ def test_decode_releases_the_gil():
     Held, the GIL would stop it for the whole call: at most a switch interval (5 ms) at either end,
     so the check looks at the middle half of the call only."""
     with Image.open(dict(photo_paths())["astronaut"]) as source:
-        data = encode(source.convert("RGB").resize((4000, 3000), Image.BILINEAR), quality=95)
+        data = encode(source.convert("RGB").resize((8000, 6000), Image.BILINEAR), quality=95)
     width, height = jpeg.header(data)
     for attempt in range(3):
         stamps, stop, calls = [], threading.Event(), []
