@@ -2,7 +2,7 @@
 
 | variable                     | values                         | default    |
 |------------------------------|--------------------------------|------------|
-| MCALLREDUCE_ALGORITHM        | multicolor, ring, doubling, halving, mpi | multicolor |
+| MCALLREDUCE_ALGORITHM        | multicolor, ring, doubling, halving, mpi, mpi-ring | multicolor |
 | MCALLREDUCE_COLORS           | auto, or an integer >= 1       | auto       |
 | MCALLREDUCE_SEGMENT_BYTES    | auto, or a size (256K, 1M, 0)  | auto       |
 | MCALLREDUCE_FANOUT           | auto, or an integer >= 2       | auto       |
@@ -50,13 +50,16 @@ from .envparse import parse_choice, parse_integer, parse_seconds, parse_switch
 from .errors import ConfigError
 from .units import parse_size
 
-__all__ = ["ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_size",
+__all__ = ["ALGORITHMS", "MPI_ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_size",
            "horovod_switch", "horovod_requested_by_startup_hook", "horovod_requested_by_import",
            "bucket_bytes", "progress_thread", "stall_check_seconds", "stall_shutdown_seconds", "timeline_file", "data"]
 
-#: every algorithm the runtime accepts; "mpi" is MPI_Allreduce itself (stock Horovod's CPU path).
-#: All but the last are schedules (``algorithms.SCHEDULED``, checked equal by the tests).
-ALGORITHMS = ("multicolor", "ring", "doubling", "halving", "mpi")
+#: MPI's own allreduce: "mpi" is MPI_Allreduce itself (stock Horovod's CPU path), "mpi-ring"
+#: Open MPI's ring allreduce (as "mpi" where it cannot be forced: mcallreduce/mpit.py)
+MPI_ALGORITHMS = ("mpi", "mpi-ring")
+#: every algorithm the runtime accepts: the schedules (``algorithms.SCHEDULED``, checked equal
+#: by the tests), then MPI's own
+ALGORITHMS = ("multicolor", "ring", "doubling", "halving") + MPI_ALGORITHMS
 
 
 # Across hosts, pipeline segments stay under Open MPI's TCP eager limit: a larger message waits

@@ -22,6 +22,9 @@ from typing import Mapping, Optional, Sequence
 
 __all__ = ["mpirun_command", "run", "main"]
 
+DYNAMIC_RULES = "coll_tuned_use_dynamic_rules"
+DYNAMIC_RULES_ENV = "OMPI_MCA_" + DYNAMIC_RULES
+
 
 def _mpirun() -> str:
     exe = shutil.which("mpirun") or shutil.which("mpiexec")
@@ -57,6 +60,10 @@ def mpirun_command(
     # Always yield when idle: on a shared or oversubscribed machine a spinning rank
     # steals the core its peer needs. It costs nothing measurable when cores are free.
     params = {"mpi_yield_when_idle": "1"}
+    # Open MPI's ring on demand (mcallreduce/mpit.py), also for scripts that import mpi4py first;
+    # with nothing forced, Open MPI keeps its own decisions. A user's own setting wins.
+    if DYNAMIC_RULES_ENV not in os.environ and DYNAMIC_RULES_ENV not in (env or {}):
+        params[DYNAMIC_RULES] = "1"
     params.update(mca or {})
     for key, value in params.items():
         cmd += ["--mca", key, str(value)]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
 from .algorithms import Params
-from .config import ALGORITHMS, ROUTES, Config
+from .config import ALGORITHMS, MPI_ALGORITHMS, ROUTES, Config
 
 __all__ = ["ALGORITHMS", "ROUTES", "FUSED_MAX_BYTES", "resolve", "default_colors", "latency_bound"]
 
@@ -87,9 +87,14 @@ def _single_copy(config: Config, nbytes: int, available: bool) -> bool:
     return available and 0 < config.single_copy_bytes <= nbytes
 
 
+def _mpi_arm(algorithm: str, mpi_ring: bool) -> str:
+    """``mpi-ring`` where this communicator has Open MPI's ring, else MPI's default decision."""
+    return "mpi" if algorithm == "mpi-ring" and not mpi_ring else algorithm
+
+
 def resolve(config: Config, nbytes: int, itemsize: int,
             hosts: Sequence[Sequence[int]], shared_slot: int = 0, mpi_type: bool = True,
-            single_copy_ok: bool = False) -> Tuple[str, Params]:
+            single_copy_ok: bool = False, mpi_ring: bool = False) -> Tuple[str, Params]:
     """Concrete algorithm and schedule parameters for one message of ``nbytes``.
 
     ``shared_slot``: bytes per slot of the caller's shared-memory window (0: none).
@@ -98,7 +103,11 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     does, and then needs no slot of the message's size.
     ``mpi_type``: whether MPI has the element type (float16 has none), so that a table
     that picked MPI's allreduce for this size can be followed.
+    ``mpi_ring``: whether every rank has a communicator running Open MPI's ring
+    (:mod:`mcallreduce.mpit`); without it ``mpi-ring`` runs as ``mpi``.
     """
+    if config.algorithm in MPI_ALGORITHMS:
+        return _mpi_arm(config.algorithm, mpi_ring), Params(depth=config.depth)
     max_local = max(len(h) for h in hosts)
     nranks = sum(len(h) for h in hosts)
     # the shared-memory stage, the latency regime (doubling) and the tuning table apply
@@ -108,10 +117,10 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     shared_fits = (len(hosts) == 1 and nranks > 1 and shared_slot > 0 and config.shm_bytes > 0
                    and (nbytes <= min(config.shm_bytes, shared_slot) or single_copy))
     hit = _tuned(config, hosts, nbytes, itemsize) if knobs_unset and nranks > 1 else None
-    if hit is not None and hit[0] == "mpi" and not mpi_type:   # the built-in rules instead
+    if hit is not None and hit[0] in MPI_ALGORITHMS and not mpi_type:   # the built-in rules instead
         hit = None
     if hit is not None and hit[0] != "multicolor":      # the table picked another algorithm
-        return hit[0], Params(segment=hit[1].segment, depth=config.depth)
+        return _mpi_arm(hit[0], mpi_ring), Params(segment=hit[1].segment, depth=config.depth)
     if config.algorithm == "multicolor" and knobs_unset and shared_fits and (hit is None or hit[1].shared):
         return "multicolor", Params(colors=nranks, hierarchical=True, depth=config.depth, shared=True,
                                     single_copy=single_copy)

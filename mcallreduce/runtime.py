@@ -18,10 +18,10 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import _executor
+from . import _executor, mpit
 from . import config as _config
 from .algorithms import build_schedule
-from .config import Config, ConfigError
+from .config import MPI_ALGORITHMS, Config, ConfigError
 from .engine import MAX_SCHEDULE_TAGS, TAG_SPAN, Engine, Handle
 from .lowering import lower
 from .memory import SharedWindow, as_array
@@ -47,6 +47,9 @@ class Context:
         self.comm = comm.Dup()   # data messages of the schedules
         self.ctl = comm.Dup()    # metadata checks, posted in call order on every rank
         self.coll = comm.Dup()   # "mpi" collectives, started in call order once checked
+        # "mpi-ring": Open MPI's ring allreduce on a communicator of its own (None: unavailable
+        # on some rank, and "mpi-ring" runs as "mpi" on every rank)
+        self.coll_ring = mpit.forced_comm(comm, "ring")
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.config = config     # the environment when the context was made
@@ -164,7 +167,8 @@ class Plan:
         mpi_type = dtype != np.float16   # the one supported dtype MPI has no type for
         direct = ctx.single_copy and pre == 1.0   # a prescaled copy needs the window's slots
         self.algorithm, self.params = resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, slot,
-                                              mpi_type=mpi_type, single_copy_ok=direct)
+                                              mpi_type=mpi_type, single_copy_ok=direct,
+                                              mpi_ring=ctx.coll_ring is not None)
         self.schedule: Optional[Schedule] = None
         self.program = None
         if self.params.single_copy:
@@ -173,11 +177,11 @@ class Plan:
             self.kind = _executor.KIND_SHARED
         elif self.algorithm == "doubling" and config.check and nelem * dtype.itemsize <= FUSED_MAX_BYTES:
             self.kind = _executor.KIND_FUSED    # reduced along its own metadata check
-        elif self.algorithm == "mpi":
+        elif self.algorithm in MPI_ALGORITHMS:
             if not mpi_type:
-                raise TypeError("mcallreduce: algorithm 'mpi' cannot reduce float16 (MPI has no such type); "
-                                "use multicolor or ring")
-            self.kind = _executor.KIND_MPI
+                raise TypeError(f"mcallreduce: algorithm {self.algorithm!r} cannot reduce float16 (MPI has no such "
+                                "type); use multicolor or ring")
+            self.kind = _executor.KIND_MPI_RING if self.algorithm == "mpi-ring" else _executor.KIND_MPI
         else:
             self.kind = _executor.KIND_SCHEDULE
             self.schedule = build_schedule(self.algorithm, ctx.hosts, nelem, self.params)

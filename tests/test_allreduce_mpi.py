@@ -41,6 +41,11 @@ def test_hierarchical_two_virtual_hosts_of_two_ranks():
     assert sorted(run_cases(4, env={"MCALLREDUCE_RANKS_PER_HOST": "2"}, cases=cases)) == sorted(cases)
 
 
+def test_mpi_ring_turned_off_by_the_user_runs_as_mpi():
+    cases = ["mpi_ring_is_open_mpis_ring_where_it_can_be_forced"]
+    assert run_cases(2, env={"OMPI_MCA_coll_tuned_use_dynamic_rules": "0"}, cases=cases) == cases
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_check_messages_in_pieces_across_virtual_hosts(np_):
     # across hosts the check's messages (and a fused call's data) travel in pieces under

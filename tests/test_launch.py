@@ -13,6 +13,18 @@ def test_flags_for_root_and_oversubscription():
     assert cmd[-3:] == ["-x", "A=1", "prog"]
 
 
+def test_open_mpis_ring_can_be_forced_unless_the_user_decides(monkeypatch):
+    # dynamic rules let the runtime force Open MPI's ring on a communicator of its own
+    # (mcallreduce/mpit.py); a user's own setting is left as it is (importing mcallreduce
+    # set it in this process: the ranks inherit it from mpirun's environment then)
+    monkeypatch.delenv("OMPI_MCA_coll_tuned_use_dynamic_rules", raising=False)
+    cmd = mpirun_command(2, ["prog"])
+    i = cmd.index("coll_tuned_use_dynamic_rules")
+    assert cmd[i - 1] == "--mca" and cmd[i + 1] == "1"
+    cmd = mpirun_command(2, ["prog"], env={"OMPI_MCA_coll_tuned_use_dynamic_rules": "0"})
+    assert "coll_tuned_use_dynamic_rules" not in cmd
+
+
 def test_run_reports_exit_code_and_output():
     r = run(2, ["sh", "-c", "echo rank; exit 3"], timeout=60)
     assert r.returncode != 0 and r.stdout.count("rank") == 2

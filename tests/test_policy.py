@@ -42,12 +42,35 @@ def test_a_measured_table_decides_the_algorithm_per_size(tmp_path):
     assert resolve(config, 64 << 10, 4, [[0], [1], [2], [3]])[0] in ("multicolor", "doubling")
 
 
+def test_a_table_row_naming_open_mpis_ring_runs_it_where_it_exists(tmp_path):
+    rows = [{"size_bytes": 64 << 10, "algorithm": "doubling"},
+            {"size_bytes": 32 << 20, "algorithm": "mpi-ring"}]
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"measured": True, "tables": {"2h1r": rows}}))
+    _tables.cache_clear()
+    config = Config(tuning_file=str(path))
+    hosts = [[0], [1]]
+    assert resolve(config, 8 << 20, 4, hosts, mpi_ring=True)[0] == "mpi-ring"
+    assert resolve(config, 8 << 20, 4, hosts, mpi_ring=False)[0] == "mpi"   # not forced here: MPI's default
+    assert resolve(config, 8 << 20, 2, hosts, mpi_type=False, mpi_ring=True)[0] not in ("mpi", "mpi-ring")
+    assert resolve(config, 64 << 10, 4, hosts, mpi_ring=True)[0] == "doubling"
+    # asked for by name: the same fallback
+    assert resolve(Config(algorithm="mpi-ring"), 1 << 20, 4, hosts, mpi_ring=True)[0] == "mpi-ring"
+    assert resolve(Config(algorithm="mpi-ring"), 1 << 20, 4, hosts, mpi_ring=False)[0] == "mpi"
+
+
+def test_the_tuner_times_open_mpis_ring_only_where_it_runs_as_itself():
+    from mcallreduce.bench.tune_measure import candidates
+    assert "mpi-ring" in [name for name, _, _ in candidates(True)]
+    assert "mpi-ring" not in [name for name, _, _ in candidates(False)]
+
+
 def test_none_switches_every_table_off_and_the_builtin_table_is_measured():
     rules = resolve(Config(tuning_file="none"), 1 << 20, 4, [[0, 1]])
     assert rules[0] == "multicolor"
     table = json.loads(open(BUILTIN_TABLE).read())
     assert table["measured"] is True and "1h2r" in table["tables"]
-    assert {r["algorithm"] for r in table["tables"]["1h2r"]} <= {"multicolor", "ring", "doubling", "halving", "mpi"}
+    assert {r["algorithm"] for r in table["tables"]["1h2r"]} <= {"multicolor", "ring", "doubling", "halving", "mpi", "mpi-ring"}
 
 
 def test_a_measured_table_keeps_the_builtin_choice_within_the_margin():

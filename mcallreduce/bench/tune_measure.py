@@ -5,7 +5,8 @@
 
 For every size, ``multicolor`` (its built-in choice of schedule, the shared-memory stage
 on one host included; and with 256 KiB and 1 MiB segments), ``ring``, ``doubling``,
-``halving`` and ``mpi`` (MPI's own allreduce, through the same executor) are timed
+``halving``, ``mpi`` (MPI's own allreduce, through the same executor) and ``mpi-ring``
+(Open MPI's ring, where it can be forced: :mod:`mcallreduce.mpit`) are timed
 through the public API, interleaved call by call, in a few passes, and the fastest is
 the table's row for that size (the built-in choice stays where it is within ``--margin``
 of the fastest); multicolor's ``auto`` then runs it, as NCCL's tuner or
@@ -30,21 +31,29 @@ from .timing import interleaved, iterations
 #: prefer to the eager-sized ones the built-in rules use across hosts), and the others
 CANDIDATES = (("multicolor", "multicolor", {}), ("multicolor-256K", "multicolor", {"segment_bytes": 256 << 10}),
               ("multicolor-1M", "multicolor", {"segment_bytes": 1 << 20}), ("ring", "ring", {}),
-              ("doubling", "doubling", {}), ("halving", "halving", {}), ("mpi", "mpi", {}))
+              ("doubling", "doubling", {}), ("halving", "halving", {}), ("mpi", "mpi", {}),
+              ("mpi-ring", "mpi-ring", {}))
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,8M,16M,64M"
 
 
-def _time_size(comm, size: int, seconds: float, min_iters: int, passes: int) -> Dict[str, float]:
+def candidates(ring_available: bool) -> List[tuple]:
+    """The candidates that run as themselves here: ``mpi-ring`` only where Open MPI's ring could
+    be forced (elsewhere it is ``mpi`` again)."""
+    return [c for c in CANDIDATES if c[0] != "mpi-ring" or ring_available]
+
+
+def _time_size(comm, size: int, seconds: float, min_iters: int, passes: int,
+               arms_spec: Sequence[tuple]) -> Dict[str, float]:
     """Each candidate's time at ``size`` bytes of float32: the median slowest-rank time of a
     pass, the least over ``passes`` passes (load on a shared machine comes in bursts that
     spoil whole passes; the quietest pass is the cluster's own speed)."""
     from .. import allreduce
     buf = np.ones(max(1, size // 4), np.float32)
-    for _, algorithm, overrides in CANDIDATES:     # warm-up: plans, schedules, scratch
+    for _, algorithm, overrides in arms_spec:     # warm-up: plans, schedules, scratch
         allreduce(buf, algorithm=algorithm, **overrides)
-    arms = [lambda a=algorithm, o=overrides: allreduce(buf, algorithm=a, **o) for _, algorithm, overrides in CANDIDATES]
+    arms = [lambda a=algorithm, o=overrides: allreduce(buf, algorithm=a, **o) for _, algorithm, overrides in arms_spec]
     iters = iterations(comm, arms, seconds * len(arms) / passes, min_iters, cap=100)
-    best = {name: float("inf") for name, _, _ in CANDIDATES}
+    best = {name: float("inf") for name, _, _ in arms_spec}
     data = buf.copy()
 
     def reset() -> None:   # fresh data before every call, as the benchmark and a training step have
@@ -52,7 +61,7 @@ def _time_size(comm, size: int, seconds: float, min_iters: int, passes: int) -> 
 
     for _ in range(passes):
         slowest, _ = interleaved(comm, arms, iters, reset)
-        for j, (name, _, _) in enumerate(CANDIDATES):
+        for j, (name, _, _) in enumerate(arms_spec):
             best[name] = min(best[name], float(np.median(slowest[:, j])))
     return best
 
@@ -74,7 +83,7 @@ def measure(sizes: Sequence[int], seconds: float, min_iters: int, passes: int = 
     base = config.current()
     rows = []
     for size in sizes:
-        times = _time_size(comm, size, seconds, min_iters, passes)
+        times = _time_size(comm, size, seconds, min_iters, passes, candidates(ctx.coll_ring is not None))
         best = choose(times, margin)
         _, algorithm, overrides = next(c for c in CANDIDATES if c[0] == best)
         plan = ctx.plan(base.with_overrides(algorithm=algorithm, **overrides), max(1, size // 4),

@@ -1,5 +1,7 @@
 /* MPI's own allreduce as a run's body: started in call order on every rank (a queue on
- * the engine), blocking when the run is the only one in flight, else MPI_Iallreduce. */
+ * the engine), blocking when the run is the only one in flight, else MPI_Iallreduce.
+ * KIND_MPI_RING runs on a communicator made with Open MPI's ring forced (mcallreduce/mpit.py);
+ * the forced choice binds the blocking call only: MPI_Iallreduce is libnbc's own choice. */
 #include "executor.h"
 
 static MPI_Datatype mpi_type(int dtype) {
@@ -30,9 +32,10 @@ void pump_collectives(EngineObject *e) {
         r->next = NULL;
         if (r->done) continue;
         if (r->nelem == 0) { finish(e, r, STATUS_OK); continue; }
+        MPI_Comm comm = r->kind == KIND_MPI_RING ? e->coll_ring : e->coll;
         if (r->blocking) {   /* MPI's blocking allreduce: no libnbc progress rounds */
             e->in_mpi = "MPI_Allreduce";
-            int rc = MPI_Allreduce(MPI_IN_PLACE, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), e->coll);
+            int rc = MPI_Allreduce(MPI_IN_PLACE, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), comm);
             e->in_mpi = NULL;
             if (rc != MPI_SUCCESS) fail_run(e, r, "MPI_Allreduce", rc);
             else finish(e, r, STATUS_OK);
@@ -40,7 +43,7 @@ void pump_collectives(EngineObject *e) {
         }
         MPI_Request req;
         e->in_mpi = "MPI_Iallreduce";
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), e->coll, &req);
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), comm, &req);
         e->in_mpi = NULL;
         if (rc != MPI_SUCCESS) { fail_run(e, r, "MPI_Iallreduce", rc); continue; }
         if (add_request(e, req, r, OWNER_COLLECTIVE) < 0) fail_run(e, r, "out of memory", MPI_SUCCESS);

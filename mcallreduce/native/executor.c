@@ -142,7 +142,7 @@ void checked(EngineObject *e, run_t *r) {
         shm_reduce(e, r);
         if (!r->done && r->pending == 0) shm_collect(e, r);   /* a single rank */
         return;
-    case KIND_MPI:
+    case KIND_MPI: case KIND_MPI_RING:
         scale_buffer(r->dtype, r->buf, r->nelem, r->pre);
         r->coll_ready = 1;
         pump_collectives(e);
@@ -166,7 +166,7 @@ void finish(EngineObject *e, run_t *r, int status) {
     }
     e->nfinished++;
     if (ONE_HOST_STAGE(r->kind) && r == e->shm_head) shm_next(e);
-    if (r->kind == KIND_MPI && r == e->coll_head) pump_collectives(e);
+    if (MPI_COLLECTIVE(r->kind) && r == e->coll_head) pump_collectives(e);
 }
 
 void fail_run(EngineObject *e, run_t *r, const char *what, int rc) {
@@ -340,7 +340,7 @@ void start_run(EngineObject *e, run_t *r) {
     if (e->gone_rank >= 0 && r->seq >= e->gone_seq) {
         left_before(r->error, sizeof r->error, e->gone_rank);
         finish(e, r, STATUS_ERROR);
-    } else if (r->kind == KIND_MPI) {
+    } else if (MPI_COLLECTIVE(r->kind)) {
         if (e->coll_tail) e->coll_tail->next = r; else e->coll_head = r;
         e->coll_tail = r;
         start_check(e, r);

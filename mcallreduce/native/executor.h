@@ -10,9 +10,12 @@
 #include "kernels.h"
 
 enum { STEP_SEND = 0, STEP_RECV = 1, STEP_RECV_SCRATCH = 2, STEP_REDUCE = 3 };
-enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KIND_FUSED = 4, KIND_SINGLE_COPY = 5 };
+enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KIND_FUSED = 4, KIND_SINGLE_COPY = 5,
+       KIND_MPI_RING = 6 };
 /* the one-host stages: through the window's slots, or reading and writing the peers' buffers */
 #define ONE_HOST_STAGE(kind) ((kind) == KIND_SHARED || (kind) == KIND_SINGLE_COPY)
+/* MPI's own allreduce: its default decision (coll), or Open MPI's ring (coll_ring) */
+#define MPI_COLLECTIVE(kind) ((kind) == KIND_MPI || (kind) == KIND_MPI_RING)
 enum { CHECK_OFF = 0, CHECK_ON = 1 };
 enum { STATUS_OK = 0, STATUS_MISMATCH = 1, STATUS_ERROR = 2 };
 enum { OWNER_CHECK_SEND = -1, OWNER_COLLECTIVE = -2, OWNER_SYNC = -3, OWNER_WAKE = -4, OWNER_CHECK_RECV = -5,
@@ -81,7 +84,7 @@ typedef struct run {
 
 typedef struct {
     PyObject_HEAD
-    MPI_Comm comm, ctl, coll;
+    MPI_Comm comm, ctl, coll, coll_ring;
     int rank, size, check_tag, sync_tag, woken;
     /* the wake-up: a generalized request in every wait, which any thread completes (under
        wake_lock, while armed) to make a blocked progress() return */

@@ -9,16 +9,18 @@
 static MPI_Comm comm_of(long long handle) { return MPI_Comm_f2c((MPI_Fint)handle); }
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
-    long long comm, ctl, coll;
+    long long comm, ctl, coll, coll_ring = -1;
     long long fused_max, piece;
-    static char *names[] = {"comm", "ctl", "coll", "check_tag", "sync_tag", "fused_max", "piece_bytes", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLiiLL", names, &comm, &ctl, &coll, &self->check_tag,
-                                     &self->sync_tag, &fused_max, &piece))
+    static char *names[] = {"comm", "ctl", "coll", "check_tag", "sync_tag", "fused_max", "piece_bytes", "coll_ring",
+                            NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLiiLL|L", names, &comm, &ctl, &coll, &self->check_tag,
+                                     &self->sync_tag, &fused_max, &piece, &coll_ring))
         return -1;
     if (piece < 64) { PyErr_SetString(PyExc_ValueError, "piece_bytes must be at least 64"); return -1; }
     self->fused_max = (size_t)fused_max;
     self->piece_bytes = (size_t)piece;
     self->comm = comm_of(comm); self->ctl = comm_of(ctl); self->coll = comm_of(coll);
+    self->coll_ring = coll_ring < 0 ? self->coll : comm_of(coll_ring);   /* none: the default decision */
     MPI_Comm_rank(self->comm, &self->rank);
     MPI_Comm_size(self->comm, &self->size);
     self->win = MPI_WIN_NULL;
@@ -213,7 +215,7 @@ static PyObject *Engine_waiting_on(EngineObject *self, PyObject *args) {
             return Py_BuildValue("(si)", "the metadata check", peer);
         }
         if (ONE_HOST_STAGE(r->kind)) return Py_BuildValue("(si)", "the shared-memory stage", -1);
-        if (r->kind == KIND_MPI) return Py_BuildValue("(si)", r->coll_ready ? "MPI's allreduce" : "an earlier MPI allreduce", -1);
+        if (MPI_COLLECTIVE(r->kind)) return Py_BuildValue("(si)", r->coll_ready ? "MPI's allreduce" : "an earlier MPI allreduce", -1);
         if (r->kind == KIND_SCHEDULE) return Py_BuildValue("(si)", "the schedule's messages", -1);
         return Py_BuildValue("(si)", "the metadata check", -1);
     }
@@ -290,7 +292,7 @@ PyMODINIT_FUNC PyInit__executor(void) {
     PyModule_AddObjectRef(m, "Engine", (PyObject *)&EngineType);
 #define CONST(name, value) PyModule_AddIntConstant(m, name, value)
     CONST("KIND_CHECK_ONLY", KIND_CHECK_ONLY); CONST("KIND_SCHEDULE", KIND_SCHEDULE);
-    CONST("KIND_MPI", KIND_MPI); CONST("KIND_SHARED", KIND_SHARED);
+    CONST("KIND_MPI", KIND_MPI); CONST("KIND_MPI_RING", KIND_MPI_RING); CONST("KIND_SHARED", KIND_SHARED);
     CONST("KIND_SINGLE_COPY", KIND_SINGLE_COPY);
     CONST("KIND_FUSED", KIND_FUSED); CONST("CHECK_OFF", CHECK_OFF); CONST("CHECK_ON", CHECK_ON);
     CONST("STATUS_OK", STATUS_OK); CONST("STATUS_MISMATCH", STATUS_MISMATCH); CONST("STATUS_ERROR", STATUS_ERROR);

@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Optional, Tuple
 
 from ..algorithms import SCHEDULED, Params, build_schedule
+from ..config import ALGORITHMS as RUNTIME_ALGORITHMS
 from ..metadata import VECTOR_BYTES
 from ..schedule import Schedule
 from .model import ClusterModel
@@ -22,7 +23,7 @@ from .simulate import simulate
 
 __all__ = ["ALGORITHMS", "predict", "schedule_for", "runtime_params", "CHECK_BYTES"]
 
-ALGORITHMS = SCHEDULED + ("mpi", "mpi-ring", "horovod")
+ALGORITHMS = RUNTIME_ALGORITHMS + ("horovod",)
 CHECK_BYTES = VECTOR_BYTES
 
 

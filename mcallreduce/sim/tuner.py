@@ -144,7 +144,8 @@ def lookup(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int = 4,
     """The written table's choice for this layout (rows: the first size >= nbytes, else the
     last), or None when the table has no entry for ``len(hosts)`` x ``max ranks per host``.
     A row names an algorithm: multicolor (with its parameters; ``shared`` for the one-host
-    shared-memory stage), doubling, ring, halving, or mpi (MPI's own allreduce)."""
+    shared-memory stage), doubling, ring, halving, mpi (MPI's own allreduce) or mpi-ring
+    (Open MPI's ring)."""
     path = path or str(TUNING_FILE)
     rows = _tables(path).get(f"{len(hosts)}h{max(len(h) for h in hosts)}r")
     if not rows:
@@ -153,8 +154,8 @@ def lookup(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int = 4,
     row = next((r for r in rows if r["size_bytes"] >= nbytes), rows[-1])
     seg = row.get("segment_bytes", 0) // itemsize if row.get("segment_bytes") else 0
     algorithm = row.get("algorithm", "multicolor")
-    if algorithm == "mpi":
-        return "mpi", Params()
+    if algorithm in ("mpi", "mpi-ring"):
+        return algorithm, Params()
     if algorithm in ("doubling", "ring", "halving"):
         return algorithm, Params(segment=0 if algorithm == "doubling" else seg)
     return "multicolor", Params(colors=row.get("colors", 1), segment=seg, hierarchical=row.get("hierarchical", True),

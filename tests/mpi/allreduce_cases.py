@@ -298,6 +298,36 @@ def mpi_algorithm_async_with_rank_dependent_polling():
 
 
 @case
+def mpi_ring_is_open_mpis_ring_where_it_can_be_forced():
+    # Open MPI's ring runs on a communicator of its own: on every rank or on none (the launcher
+    # turns dynamic rules on; a user's OMPI_MCA_coll_tuned_use_dynamic_rules=0 turns it off)
+    import os
+    from mcallreduce.runtime import Context
+    ring = int(Context.get().coll_ring is not None)
+    assert comm.allreduce(ring, op=MPI.MIN) == comm.allreduce(ring, op=MPI.MAX), "ring on some ranks only"
+    expect = "Open MPI" in MPI.Get_library_version() and os.environ.get(
+        "OMPI_MCA_coll_tuned_use_dynamic_rules", "1") != "0"
+    assert ring == expect, (ring, expect)
+    for n in (0, 1, size + 1, 1000, (1 << 18) + 3):
+        for dtype in (np.float32, np.float64, np.int32, np.int64):
+            x = data(n, dtype)
+            ref = x.copy()
+            comm.Allreduce(MPI.IN_PLACE, ref, op=MPI.SUM)
+            mcallreduce.allreduce(x, algorithm="mpi-ring")
+            assert np.array_equal(x, ref), (n, dtype)
+    # in flight beside MPI's default and a schedule: each communicator keeps the call order
+    bufs = [data(4000 + i, np.float32) for i in range(6)]
+    handles = [mcallreduce.allreduce_async(b, algorithm=("mpi-ring", "mpi", "multicolor")[i % 3])
+               for i, b in enumerate(bufs)]
+    for h in reversed(handles):
+        h.wait()
+    for b in bufs:
+        assert np.array_equal(b, expected(b.size, np.float32))
+    msg = raises(Exception, lambda: mcallreduce.allreduce(np.ones(8, np.float16), algorithm="mpi-ring"))
+    assert "float16" in msg, msg
+
+
+@case
 @between_peers
 def algorithm_mismatch_mpi_vs_schedule_raises_everywhere():
     # the check itself must not depend on the algorithm, or one rank would wait in a
