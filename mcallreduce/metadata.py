@@ -4,7 +4,10 @@ Every call carries a vector of its element count, dtype, algorithm, op and sched
 parameters. The check reduces ``[fields, -fields]`` with MAX, which gives every field's
 maximum and minimum in one allreduce: the result equals a rank's own vector exactly when
 every rank sent the same one. Slot ``n`` carries the lowest rank that rejected its own
-arguments (as ``-rank``), so every rank can name it. No MPI here.
+arguments (as ``-rank``), so every rank can name it. The last slot of each half is not
+compared: it carries a choice the ranks make together (whether any of them cannot wait for
+MPI's own allreduce in a blocking call, which MPI never matches with a nonblocking one).
+No MPI here.
 """
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ import numpy as np
 
 from .errors import MismatchError
 
-__all__ = ["DTYPES", "DTYPE_CODE", "OP_CODE", "FIELDS", "REJECT_BUFFER", "REJECT_CONFIG", "VECTOR_BYTES", "vector", "mismatch"]
+__all__ = ["DTYPES", "DTYPE_CODE", "OP_CODE", "FIELDS", "REJECT_BUFFER", "REJECT_CONFIG", "VECTOR_BYTES", "vector",
+           "mismatch"]
 
 #: supported element types (numpy names), in the executor's dtype codes (1, 2, ...)
 DTYPES = ("float16", "float32", "float64", "int32", "int64")
@@ -24,14 +28,16 @@ OP_CODE = {"sum": 1, "average": 2, "min": 3, "max": 4, "product": 5}
 FIELDS = ("element count", "dtype", "algorithm", "op", "colors", "segment", "fanout",
           "hierarchy", "pipeline depth", "shared-memory stage", "scale factors", "route")
 REJECT_BUFFER, REJECT_CONFIG = 1, 2
-#: bytes of the vector every rank sends: [reject, *FIELDS] and its negation, int64
-VECTOR_BYTES = 2 * (1 + len(FIELDS)) * 8
+#: bytes of the vector every rank sends: [reject, *FIELDS, agreed] and its negation, int64;
+#: ``agreed`` (native/executor.c sets it per call) is MAX-reduced, never compared
+VECTOR_BYTES = 2 * (2 + len(FIELDS)) * 8
 _REJECT_REASONS = {REJECT_BUFFER: "unsupported buffer", REJECT_CONFIG: "invalid configuration"}
 
 
 def vector(rank: int, reject: int, fields) -> np.ndarray:
-    """The vector a rank sends: ``[reject, *fields]`` and its negation, slot n the rejecting rank."""
-    vec = np.array([reject, *fields], dtype=np.int64)
+    """The vector a rank sends: ``[reject, *fields, 0]`` and its negation, slot n the rejecting
+    rank; the executor fills in the last slot of each half per call."""
+    vec = np.array([reject, *fields, 0], dtype=np.int64)
     neg = -vec
     neg[0] = -rank if reject else -(1 << 62)
     return np.concatenate([vec, neg])

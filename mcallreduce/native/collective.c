@@ -1,5 +1,6 @@
 /* MPI's own allreduce as a run's body: started in call order on every rank (a queue on
- * the engine), blocking when the run is the only one in flight, else MPI_Iallreduce.
+ * the engine), blocking where every rank waits for the run alone (its check says so), else
+ * MPI_Iallreduce.
  * KIND_MPI_RING runs on a communicator made with Open MPI's ring forced (mcallreduce/mpit.py);
  * the forced choice binds the blocking call only: MPI_Iallreduce is libnbc's own choice. */
 #include "executor.h"

@@ -16,6 +16,9 @@ enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KI
 #define ONE_HOST_STAGE(kind) ((kind) == KIND_SHARED || (kind) == KIND_SINGLE_COPY)
 /* MPI's own allreduce: its default decision (coll), or Open MPI's ring (coll_ring) */
 #define MPI_COLLECTIVE(kind) ((kind) == KIND_MPI || (kind) == KIND_MPI_RING)
+/* The metadata vector's last slot of each half (mcallreduce/metadata.py): MAX-reduced by the
+ * check, never compared. An MPI collective's is 1 where this rank cannot wait for it alone. */
+#define AGREED_SLOT(r) ((r)->nmeta / 2 - 1)
 enum { CHECK_OFF = 0, CHECK_ON = 1 };
 enum { STATUS_OK = 0, STATUS_MISMATCH = 1, STATUS_ERROR = 2 };
 enum { OWNER_CHECK_SEND = -1, OWNER_COLLECTIVE = -2, OWNER_SYNC = -3, OWNER_WAKE = -4, OWNER_CHECK_RECV = -5,
@@ -52,7 +55,7 @@ typedef struct run {
     long long seq;
     int kind, check, status, done, pending, tag0, dtype, op, coll_ready;
     int inflight;               /* its requests still posted: a run is drained only at 0 */
-    int blocking;               /* the only run in flight, waited for at once: blocking MPI calls */
+    int blocking;               /* MPI's blocking allreduce: every rank waits for this run alone */
     int abandoned;              /* failed while its requests were posted: reported, never freed */
     struct run *grave;          /* the abandoned runs, kept while MPI may still write to them */
     PyObject *program;          /* ProgramObject or NULL */

@@ -72,7 +72,7 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssi
     if (PyObject_GetBuffer(args[4], &r->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) { free(r); return NULL; }
     if (seq >= self->next_seq) self->next_seq = seq + 1;
     r->seq = seq; r->kind = t->kind; r->dtype = t->dtype; r->op = t->op; r->pre = pre; r->post = t->post;
-    r->tag0 = tag0; r->check = t->check; r->blocking = wait;
+    r->tag0 = tag0; r->check = t->check;
     r->isz = dtype_size(t->dtype);
     r->buf = r->view.buf;
     r->nelem = (int64_t)(r->view.len / (Py_ssize_t)r->isz);
@@ -83,6 +83,10 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssi
         if (!r->meta) { free_run(r); return PyErr_NoMemory(); }
         memcpy(r->meta, t->meta, sizeof(int64_t) * (size_t)r->nmeta);
         r->meta_out = r->meta + r->nmeta;
+        if (MPI_COLLECTIVE(t->kind)) {   /* blocking only where every rank waits for it alone */
+            r->meta[AGREED_SLOT(r)] = !wait;
+            r->meta[r->nmeta - 1] = -(int64_t)!wait;
+        }
     }
     if (self->nruns == self->runs_cap) {
         int cap = self->runs_cap ? 2 * self->runs_cap : 64;

@@ -298,6 +298,23 @@ def mpi_algorithm_async_with_rank_dependent_polling():
 
 
 @case
+def mpi_collective_waited_alone_on_some_ranks_only():
+    # MPI never matches a blocking allreduce with a nonblocking one: a rank whose engine is idle
+    # when the call comes (it waited for the earlier call) must still run what the busy ranks run
+    for algorithm in ("mpi", "mpi-ring"):
+        for n in (1000, (1 << 18) + 3):
+            for idle in (0, size - 1):
+                a, b = data(n, np.float32), data(n, np.float64)
+                h = mcallreduce.allreduce_async(a, algorithm="multicolor")
+                if rank == idle:
+                    h.wait()
+                mcallreduce.allreduce(b, algorithm=algorithm)
+                h.wait()
+                assert np.array_equal(a, expected(n, np.float32)), (algorithm, n, idle)
+                assert np.array_equal(b, expected(n, np.float64)), (algorithm, n, idle)
+
+
+@case
 def mpi_ring_is_open_mpis_ring_where_it_can_be_forced():
     # Open MPI's ring runs on a communicator of its own: on every rank or on none (the launcher
     # turns dynamic rules on; a user's OMPI_MCA_coll_tuned_use_dynamic_rules=0 turns it off)
