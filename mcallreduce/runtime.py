@@ -96,6 +96,8 @@ class Context:
             plan = self._plans[key] = Plan(self, config, nelem, dtype, op, pre, post)
             if config.verbose and self.rank == 0:   # once per new kind of call, not per call
                 what = plan.schedule.describe() if plan.schedule is not None else plan.algorithm
+                if plan.algorithm in MPI_ALGORITHMS and plan.schedule is not None:
+                    what = f"{plan.algorithm} (where a rank cannot block: {what})"
                 if plan.params.shared:
                     copy = ", single copy" if plan.params.single_copy else ""
                     what = f"{plan.algorithm}(colors={plan.params.colors}, shared memory{copy})"
@@ -182,18 +184,14 @@ class Plan:
                 raise TypeError(f"mcallreduce: algorithm {self.algorithm!r} cannot reduce float16 (MPI has no such "
                                 "type); use multicolor or ring")
             self.kind = _executor.KIND_MPI_RING if self.algorithm == "mpi-ring" else _executor.KIND_MPI
+            if config.algorithm not in MPI_ALGORITHMS:
+                # the table's pick, run where every rank can wait for it alone; elsewhere the rules'
+                # schedule runs (native/executor.c: MPI_Iallreduce in place is a binomial tree)
+                self._lower(ctx, *resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, mpi_type=False),
+                            nelem, dtype)
         else:
             self.kind = _executor.KIND_SCHEDULE
-            self.schedule = build_schedule(self.algorithm, ctx.hosts, nelem, self.params)
-            done_tag = self.schedule.max_tag + 1
-            if done_tag >= MAX_SCHEDULE_TAGS:
-                raise ValueError(f"mcallreduce: {done_tag + 1} messages per rank pair exceed "
-                                 f"{MAX_SCHEDULE_TAGS}; use a larger MCALLREDUCE_SEGMENT_BYTES")
-            mine = self.schedule.programs[ctx.rank]
-            if max((s.count for s in mine.steps), default=0) * dtype.itemsize > _MAX_MESSAGE_BYTES:
-                raise ValueError("mcallreduce: a message of over 2 GiB; set MCALLREDUCE_SEGMENT_BYTES")
-            low = lower(mine, done_tag)
-            self.program = _executor.Program(low.steps, low.dep_ptr, low.dependents, low.scratch_elems)
+            self._lower(ctx, self.algorithm, self.params, nelem, dtype)
         self.meta: Optional[np.ndarray] = None
         self.check = _executor.CHECK_OFF
         if config.check or self.params.shared:   # the shared stage's first sync carries it anyway
@@ -207,6 +205,19 @@ class Plan:
         post = post / ctx.size if op == "average" else post
         self.template = _executor.Template(self.kind, self.program, DTYPE_CODE[dtype], OP_CODE[op], post,
                                            self.meta, self.check)
+
+    def _lower(self, ctx: Context, algorithm: str, params, nelem: int, dtype: np.dtype) -> None:
+        """This rank's part of the schedule, lowered for the executor."""
+        self.schedule = build_schedule(algorithm, ctx.hosts, nelem, params)
+        done_tag = self.schedule.max_tag + 1
+        if done_tag >= MAX_SCHEDULE_TAGS:
+            raise ValueError(f"mcallreduce: {done_tag + 1} messages per rank pair exceed "
+                             f"{MAX_SCHEDULE_TAGS}; use a larger MCALLREDUCE_SEGMENT_BYTES")
+        mine = self.schedule.programs[ctx.rank]
+        if max((s.count for s in mine.steps), default=0) * dtype.itemsize > _MAX_MESSAGE_BYTES:
+            raise ValueError("mcallreduce: a message of over 2 GiB; set MCALLREDUCE_SEGMENT_BYTES")
+        low = lower(mine, done_tag)
+        self.program = _executor.Program(low.steps, low.dep_ptr, low.dependents, low.scratch_elems)
 
 
 

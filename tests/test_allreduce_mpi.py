@@ -41,6 +41,14 @@ def test_hierarchical_two_virtual_hosts_of_two_ranks():
     assert sorted(run_cases(4, env={"MCALLREDUCE_RANKS_PER_HOST": "2"}, cases=cases)) == sorted(cases)
 
 
+def test_mpi_collectives_without_the_check_never_block():
+    # with no check to agree through, every rank takes the nonblocking path
+    cases = ["mpi_collective_waited_alone_on_some_ranks_only",
+             "a_table_pick_of_mpi_runs_the_rules_schedule_where_a_rank_cannot_block",
+             "mpi_algorithm_async_with_rank_dependent_polling"]
+    assert sorted(run_cases(3, env={"MCALLREDUCE_CHECK": "0"}, cases=cases)) == sorted(cases)
+
+
 def test_mpi_ring_turned_off_by_the_user_runs_as_mpi():
     cases = ["mpi_ring_is_open_mpis_ring_where_it_can_be_forced"]
     assert run_cases(2, env={"OMPI_MCA_coll_tuned_use_dynamic_rules": "0"}, cases=cases) == cases

@@ -31,7 +31,7 @@ void pump_collectives(EngineObject *e) {
         e->coll_head = r->next;
         if (!e->coll_head) e->coll_tail = NULL;
         r->next = NULL;
-        if (r->done) continue;
+        if (r->done || r->on_schedule) continue;
         if (r->nelem == 0) { finish(e, r, STATUS_OK); continue; }
         MPI_Comm comm = r->kind == KIND_MPI_RING ? e->coll_ring : e->coll;
         if (r->blocking) {   /* MPI's blocking allreduce: no libnbc progress rounds */

@@ -56,6 +56,7 @@ typedef struct run {
     int kind, check, status, done, pending, tag0, dtype, op, coll_ready;
     int inflight;               /* its requests still posted: a run is drained only at 0 */
     int blocking;               /* MPI's blocking allreduce: every rank waits for this run alone */
+    int on_schedule;            /* an MPI collective that runs its plan's schedule instead */
     int abandoned;              /* failed while its requests were posted: reported, never freed */
     struct run *grave;          /* the abandoned runs, kept while MPI may still write to them */
     PyObject *program;          /* ProgramObject or NULL */

@@ -219,8 +219,8 @@ static PyObject *Engine_waiting_on(EngineObject *self, PyObject *args) {
             return Py_BuildValue("(si)", "the metadata check", peer);
         }
         if (ONE_HOST_STAGE(r->kind)) return Py_BuildValue("(si)", "the shared-memory stage", -1);
-        if (MPI_COLLECTIVE(r->kind)) return Py_BuildValue("(si)", r->coll_ready ? "MPI's allreduce" : "an earlier MPI allreduce", -1);
-        if (r->kind == KIND_SCHEDULE) return Py_BuildValue("(si)", "the schedule's messages", -1);
+        if (MPI_COLLECTIVE(r->kind) && !r->on_schedule) return Py_BuildValue("(si)", r->coll_ready ? "MPI's allreduce" : "an earlier MPI allreduce", -1);
+        if (r->kind == KIND_SCHEDULE || r->on_schedule) return Py_BuildValue("(si)", "the schedule's messages", -1);
         return Py_BuildValue("(si)", "the metadata check", -1);
     }
     return Py_BuildValue("(si)", "queued", -1);

@@ -315,6 +315,42 @@ def mpi_collective_waited_alone_on_some_ranks_only():
 
 
 @case
+def a_table_pick_of_mpi_runs_the_rules_schedule_where_a_rank_cannot_block():
+    # MPI_Iallreduce in place is a binomial tree of the whole buffer (Open MPI 4.1): a call the
+    # table gives to MPI runs the rules' schedule instead where some rank cannot block
+    import json
+    import os
+    import tempfile
+    from mcallreduce.runtime import Context
+    hosts = Context.get().hosts
+    layout = f"{len(hosts)}h{max(len(h) for h in hosts)}r"
+    path = os.path.join(tempfile.gettempdir(), f"mcallreduce-mpi-table-{os.getppid()}-{rank}.json")
+    with open(path, "w") as f:
+        json.dump({"tables": {layout: [{"size_bytes": 1 << 30, "algorithm": "mpi-ring"}]}}, f)
+    os.environ["MCALLREDUCE_TUNING_FILE"] = path
+    try:
+        config.reload()
+        for n in (1000, (1 << 18) + 3):
+            plan = Context.get().plan(config.current(), n, np.dtype(np.float32), "sum", 1.0, 1.0)
+            assert size == 1 or plan.algorithm in ("mpi", "mpi-ring"), plan.algorithm
+            bufs = [data(n, np.float32) for _ in range(3)]
+            handles = [mcallreduce.allreduce_async(b) for b in bufs]
+            for h in reversed(handles):
+                h.wait()
+            for b, h in zip(bufs, handles):
+                assert np.array_equal(b, expected(n, np.float32)), n
+                assert same_on_all_ranks(b)
+                assert size == 1 or h.color_times, "MPI_Iallreduce ran, not the schedule"
+            b = data(n, np.float64)
+            mcallreduce.allreduce(b)   # every rank waits for it alone: MPI's blocking call
+            assert np.array_equal(b, expected(n, np.float64))
+    finally:
+        del os.environ["MCALLREDUCE_TUNING_FILE"]
+        os.unlink(path)
+        config.reload()
+
+
+@case
 def mpi_ring_is_open_mpis_ring_where_it_can_be_forced():
     # Open MPI's ring runs on a communicator of its own: on every rank or on none (the launcher
     # turns dynamic rules on; a user's OMPI_MCA_coll_tuned_use_dynamic_rules=0 turns it off)
