@@ -90,7 +90,7 @@ def test_a_stalled_call_is_reported_and_a_rank_that_leaves_makes_the_others_rais
     assert len(stalls) == np_ - 1, result.stderr
     assert all(re.search(r"waited \d+ s in the metadata check, waiting for rank \d", ln) for ln in stalls), stalls
     # then where each waiting rank is: inside MPI's wait, and the Python line that waits
-    where = [ln for ln in result.stderr.splitlines() if "executor (the callers) is inside MPI_Waitsome" in ln]
+    where = [ln for ln in result.stderr.splitlines() if "executor (the callers) is inside MPI_Testsome" in ln]
     assert len(where) == np_ - 1, result.stderr
     assert result.stderr.count('peer_leaves.py", line') >= np_ - 1, result.stderr
 

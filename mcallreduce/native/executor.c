@@ -264,31 +264,50 @@ static void completed(EngineObject *e, int n) {
     }
 }
 
+/* A blocking wait polls while messages keep completing and sleeps once they stop: MPI's own
+   wait would spin (with mpi_yield_when_idle, yield and spin) on a core that the peers, the
+   backward pass or the decoder need. After SPIN_S without a completion it sleeps between
+   polls, each nap at most an eighth of the time waited so far (so sleeping adds at most that
+   share to a wait) and at most SLEEP_MAX_NS (well under a pipeline segment's time on a slow
+   link, so a forwarding rank keeps its links busy); any completion polls again. */
+#define SPIN_S 1e-3
+#define SLEEP_MAX_NS 200000L
+
 /* Block (or test once) until `until` is done, or with until NULL until any run finishes or
    the wake-up completes. Runs without the GIL. */
 void progress(EngineObject *e, int block, run_t *until) {
+    double last = block ? now_s() : 0;
     while (!(until && until->done)) {
+        e->in_mpi = "MPI_Testsome";   /* for the stall report: polling, or asleep between polls */
         if (!until && e->nfinished) break;
         if (e->nreqs == 0) {
             if (until) snprintf(e->fatal, sizeof e->fatal, "internal error: an allreduce is in flight with nothing posted");
             break;
         }
-        e->in_mpi = block ? "MPI_Waitsome" : "MPI_Testsome";
-        int n = 0, rc = block ? MPI_Waitsome(e->nreqs, e->reqs, &n, e->index, e->statuses)
-                              : MPI_Testsome(e->nreqs, e->reqs, &n, e->index, e->statuses);
-        e->in_mpi = NULL;
+        int n = 0, rc = MPI_Testsome(e->nreqs, e->reqs, &n, e->index, e->statuses);
         if (rc != MPI_SUCCESS) {
             char msg[MPI_MAX_ERROR_STRING];
             int len = 0;
             MPI_Error_string(rc, msg, &len);
-            snprintf(e->fatal, sizeof e->fatal, "MPI_Waitsome failed: %.*s", len, msg);
+            snprintf(e->fatal, sizeof e->fatal, "MPI_Testsome failed: %.*s", len, msg);
             break;
         }
         if (n != MPI_UNDEFINED && n > 0) completed(e, n);
         if (e->abort_requested) { e->abort_requested = 0; abandon(e, -1, e->abort_reason); }
         if (e->woken) { e->woken = 0; if (!until) break; }
         if (!block) break;
+        if (n != MPI_UNDEFINED && n > 0) {
+            last = now_s();
+        } else {
+            double idle = now_s() - last;
+            long nap = (long)(idle * 1e9 / 8);
+            if (idle > SPIN_S) {
+                struct timespec ts = {0, nap < SLEEP_MAX_NS ? nap : SLEEP_MAX_NS};
+                nanosleep(&ts, NULL);
+            }
+        }
     }
+    e->in_mpi = NULL;
 }
 
 void free_run(run_t *r) {
