@@ -11,10 +11,11 @@ shared-memory stage. This module only decides *when* it runs:
 * a background progress thread (:meth:`Engine.start_thread`, used by the Horovod plugin
   to overlap communication with the backward pass): new calls are queued, and an event
   plus a generalized request that every wait includes wake the thread (completing the
-  request gets it out of ``MPI_Waitsome`` without a message, so the thread that submits
+  request gets it out of its wait without a message, so the thread that submits
   does no point-to-point MPI beside the thread that progresses). With nothing in flight the
-  thread sleeps on that event instead of waiting in MPI, whose progress loop polls a core
-  that the backward pass could use.
+  thread sleeps on that event; with calls in flight it waits as every blocking wait does,
+  polling while messages complete and sleeping between polls once they stop
+  (native/executor.c), so no wait keeps a core that the backward pass could use.
 
 Every call's metadata check is the same recursive doubling of the vector on every rank
 (native/check.c), whatever the call: ranks that disagree about a call (one within the
