@@ -41,6 +41,11 @@ def test_hierarchical_two_virtual_hosts_of_two_ranks():
     assert sorted(run_cases(4, env={"MCALLREDUCE_RANKS_PER_HOST": "2"}, cases=cases)) == sorted(cases)
 
 
+@pytest.mark.parametrize("np_, mode", [(2, "caller"), (3, "thread")])
+def test_a_rank_waiting_for_a_late_peer_sleeps(np_, mode):
+    passed(mpi_script(np_, "late_peer.py", mode, timeout=120))
+
+
 def test_mpi_collectives_without_the_check_never_block():
     # with no check to agree through, every rank takes the nonblocking path
     cases = ["mpi_collective_waited_alone_on_some_ranks_only",
