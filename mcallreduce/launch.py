@@ -20,10 +20,9 @@ import tempfile
 import sys
 from typing import Mapping, Optional, Sequence
 
-__all__ = ["mpirun_command", "run", "main"]
+from .mpit import DYNAMIC_RULES, DYNAMIC_RULES_ENV
 
-DYNAMIC_RULES = "coll_tuned_use_dynamic_rules"
-DYNAMIC_RULES_ENV = "OMPI_MCA_" + DYNAMIC_RULES
+__all__ = ["mpirun_command", "run", "main"]
 
 
 def _mpirun() -> str:

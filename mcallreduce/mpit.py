@@ -21,19 +21,21 @@ import os
 import sys
 from typing import Optional
 
-__all__ = ["OMPI_ALLREDUCE", "prepare", "forced_comm"]
+__all__ = ["OMPI_ALLREDUCE", "DYNAMIC_RULES", "DYNAMIC_RULES_ENV", "prepare", "forced_comm"]
 
 #: Open MPI 4.1 coll_tuned_allreduce_algorithm values
 OMPI_ALLREDUCE = {"basic_linear": 1, "nonoverlapping": 2, "recursive_doubling": 3, "ring": 4,
                   "segmented_ring": 5, "rabenseifner": 6}
-_ENV = "OMPI_MCA_coll_tuned_use_dynamic_rules"
+#: the MCA variable that lets a forced algorithm count, and its environment form
+DYNAMIC_RULES = "coll_tuned_use_dynamic_rules"
+DYNAMIC_RULES_ENV = "OMPI_MCA_" + DYNAMIC_RULES
 _ALGORITHM = "coll_tuned_allreduce_algorithm"
 
 
 def prepare() -> None:
     """Call before mpi4py initialises MPI; a no-op once it has."""
     if "mpi4py.MPI" not in sys.modules:
-        os.environ.setdefault(_ENV, "1")
+        os.environ.setdefault(DYNAMIC_RULES_ENV, "1")
 
 
 class _Cvar:
@@ -72,7 +74,7 @@ def _algorithm_cvar() -> Optional[_Cvar]:
         provided = ctypes.c_int()
         if lib.MPI_T_init_thread(MPI.THREAD_MULTIPLE, ctypes.byref(provided)) != 0:
             return None
-        dynamic = _Cvar(lib, "coll_tuned_use_dynamic_rules")
+        dynamic = _Cvar(lib, DYNAMIC_RULES)
         try:
             if not dynamic.read():   # set too late, or turned off by the user: a forced value is ignored
                 return None
