@@ -13,8 +13,8 @@ The multi-color allreduce needs no change here: set ``MCALLREDUCE_ALGORITHM=mult
 
 Each epoch, rank 0 prints and (with ``--log-dir``) writes metrics.json: loss, accuracy,
 img/s and every rank's time split into data wait, forward/backward, allreduce wait,
-optimizer step and metrics. Checkpoints as Horovod's (per epoch, resumed from the latest);
-with ``--data memory`` also within an epoch (``--checkpoint-steps``), resumed exactly.
+optimizer step and metrics. Checkpoints as Horovod's (per epoch, resumed from the latest),
+and also within an epoch (``--checkpoint-steps``), resumed exactly.
 """
 import argparse
 import json
@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 import horovod.torch as hvd
 
 from mcallreduce.data import EvalTransform, ImageFolder, InMemoryDistributedSampler, InMemoryImageFolder
-from mcallreduce.data import ThreadedLoader, TrainTransform
+from mcallreduce.data import ResumableSampler, ThreadedLoader, TrainTransform
 from mcallreduce.data.progress import bar as progress_bar   # tqdm; redraws every 10 s on a pipe
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -81,10 +81,10 @@ parser.add_argument("--loader", choices=("dataloader", "threaded"), default="dat
                     help="DataLoader worker processes, or mcallreduce.data.ThreadedLoader's decode threads")
 parser.add_argument("--threads", type=int, default=4, help="torch intra-op threads per rank")
 parser.add_argument("--checkpoint-steps", type=int, default=0,
-                    help="--data memory: also checkpoint every N steps within an epoch (0: per epoch only)")
+                    help="also checkpoint every N steps within an epoch (0: per epoch only)")
 parser.add_argument("--stop-after-steps", type=int, default=0,
-                    help="stop after N steps of this run, as a preempted job would (with --data memory, "
-                         "after a mid-epoch checkpoint)")
+                    help="stop after N steps of this run, as a preempted job would (after a mid-epoch "
+                         "checkpoint)")
 
 
 class Metric:
@@ -161,8 +161,8 @@ def find_resume_point():
             if os.path.exists(checkpoint_path(epoch)):
                 done = epoch
                 break
-        if args.data == "memory" and os.path.exists(checkpoint_path(done + 1, partial=True)):
-            partial = checkpoint_path(done + 1, partial=True)    # a stock sampler has no position to resume
+        if os.path.exists(checkpoint_path(done + 1, partial=True)):
+            partial = checkpoint_path(done + 1, partial=True)
     return hvd.broadcast_object((done, partial), root_rank=0, name="resume_point")
 
 
@@ -201,16 +201,14 @@ def train(epoch, first_step=0):
             t.set_postfix({"loss": train_loss.avg.item(), "accuracy": 100. * train_accuracy.avg.item()}, refresh=False)
             t.update(1)
             done = batch_idx + 1
-            if args.checkpoint_steps and args.data == "memory" and done % args.checkpoint_steps == 0 \
-                    and done < steps:
+            if args.checkpoint_steps and done % args.checkpoint_steps == 0 and done < steps:
                 save_checkpoint(epoch, step=done)
             timer.lap("metrics")
             steps_run += 1
             if args.stop_after_steps and steps_run >= args.stop_after_steps:
                 stop = True
                 if done < steps:
-                    if args.data == "memory":
-                        save_checkpoint(epoch, step=done)
+                    save_checkpoint(epoch, step=done)
                     return None
                 break
     seconds = time.perf_counter() - start
@@ -298,6 +296,8 @@ if __name__ == "__main__":
         train_sampler = InMemoryDistributedSampler(train_dataset, shuffle_mode=args.shuffle, seed=args.seed)
         val_dataset = InMemoryImageFolder(args.val_dir, transform=val_transform)
         val_sampler = InMemoryDistributedSampler(val_dataset, shuffle=False)
+    if not hasattr(train_sampler, "state_dict"):     # a stock sampler keeps no position within an epoch
+        train_sampler = ResumableSampler(train_sampler)
     train_loader = Loader(train_dataset, batch_size=allreduce_batch_size, sampler=train_sampler, **kwargs)
     val_loader = Loader(val_dataset, batch_size=args.val_batch_size, sampler=val_sampler, **kwargs)
 

@@ -19,7 +19,7 @@ _EXPORTS = {
     "StoreFormatError": "format", "CorruptImageError": "format",
     "ImageStore": "store", "MemoryBudgetError": "store", "StoreCorruptError": "store",
     "available_memory": "store",
-    "InMemoryDistributedSampler": "sampler",
+    "InMemoryDistributedSampler": "sampler", "ResumableSampler": "resumable",
     "InMemoryImageFolder": "dataset",
     "TrainTransform": "transforms", "EvalTransform": "transforms", "decode_image": "transforms",
     "ThreadedLoader": "loader",

@@ -48,6 +48,22 @@ def test_both_data_modes_train_and_validate(tree, tmp_path, data, workers):
     assert f"| {data} | " in e2e.table([row])
 
 
+def assert_same_state(want_path, got_path):
+    want, got = torch.load(want_path), torch.load(got_path)
+    for name, tensor in want["model"].items():
+        assert torch.equal(got["model"][name], tensor), name
+    for key, state in want["optimizer"]["state"].items():
+        assert torch.equal(got["optimizer"]["state"][key]["momentum_buffer"], state["momentum_buffer"])
+
+
+def stop_and_resume(tree, out, *args):
+    """Stopped after 6 steps (epoch 2 of 4 steps, 2 done), with the plugin, then resumed."""
+    assert train(tree, out, *args, "--checkpoint-steps", 1, "--stop-after-steps", 6, env=PLUGIN)
+    assert (out / "checkpoint-2-partial.pt").exists() and not (out / "checkpoint-2.pt").exists()
+    train(tree, out, *args, "--checkpoint-steps", 1, env=PLUGIN)
+    assert not (out / "checkpoint-2-partial.pt").exists()        # superseded by the whole epoch
+
+
 def test_same_seed_stock_and_plugin_agree_and_a_mid_epoch_resume_is_exact(tree, tmp_path):
     args = ("--data", "memory", "--epochs", 2, "--workers", 0)
     stock = train(tree, tmp_path / "stock", *args)
@@ -55,18 +71,15 @@ def test_same_seed_stock_and_plugin_agree_and_a_mid_epoch_resume_is_exact(tree, 
     for a, b in zip(stock["epochs"], plugin["epochs"]):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
         assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
-    # Stopped after 6 steps (epoch 2 of 4 steps, 2 done), with the plugin, then resumed.
-    resumed = tmp_path / "resumed"
-    assert train(tree, resumed, *args, "--checkpoint-steps", 1, "--stop-after-steps", 6, env=PLUGIN)
-    assert (resumed / "checkpoint-2-partial.pt").exists() and not (resumed / "checkpoint-2.pt").exists()
-    train(tree, resumed, *args, "--checkpoint-steps", 1, env=PLUGIN)
-    assert not (resumed / "checkpoint-2-partial.pt").exists()        # superseded by the whole epoch
-    want = torch.load(tmp_path / "plugin" / "checkpoint-2.pt")
-    got = torch.load(resumed / "checkpoint-2.pt")
-    for name, tensor in want["model"].items():
-        assert torch.equal(got["model"][name], tensor), name
-    for key, state in want["optimizer"]["state"].items():
-        assert torch.equal(got["optimizer"]["state"][key]["momentum_buffer"], state["momentum_buffer"])
+    stop_and_resume(tree, tmp_path / "resumed", *args)
+    assert_same_state(tmp_path / "plugin" / "checkpoint-2.pt", tmp_path / "resumed" / "checkpoint-2.pt")
+
+
+def test_a_folder_run_resumes_mid_epoch_exactly_with_any_number_of_workers(tree, tmp_path):
+    """A stock DistributedSampler, wrapped so that it has a position; the crops keyed by sample."""
+    train(tree, tmp_path / "whole", "--data", "folder", "--epochs", 2, "--workers", 0, env=PLUGIN)
+    stop_and_resume(tree, tmp_path / "resumed", "--data", "folder", "--epochs", 2, "--workers", 2)
+    assert_same_state(tmp_path / "whole" / "checkpoint-2.pt", tmp_path / "resumed" / "checkpoint-2.pt")
 
 
 def test_the_accuracy_bench_reports_every_arm(tmp_path, capsys):
