@@ -108,9 +108,9 @@ def plot(rows: List[dict], path: str) -> None:
     output.save_png(fig, path)
 
 
-def record(argv, hosts: int, per_host: int, rows: List[dict]) -> dict:
-    return {"argv": ["python", "-m", "mcallreduce.bench", "e2e", *(argv or sys.argv[2:])], "hosts": hosts,
-            "read_limit_per_host": per_host, "runs": rows}
+def record(argv, config, per_host: int, rows: List[dict]) -> dict:
+    return {"argv": ["python", "-m", "mcallreduce.bench", "e2e", *(argv or sys.argv[2:])], "hosts": config.hosts,
+            "ranks_per_host": config.ranks_per_host, "read_limit_per_host": per_host, "runs": rows}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -175,13 +175,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 row = summarise(arm, metrics, round_ + 1)
                 rows.append(row)
                 if ns.json:     # after every run: a failure later keeps what was measured
-                    write_json(ns.json, record(argv, config.hosts, per_host, rows))
+                    write_json(ns.json, record(argv, config, per_host, rows))
                 print(f"round {round_ + 1} {arm}: {row['images_per_s']:.2f} img/s, epoch {row['epoch_s']:.1f} s, "
                       + ", ".join(f"{p} {100 * s:.0f}%" for p, s in row["shares"].items()), flush=True)
     text = table(rows)
     print(text)
     if ns.json:
-        write_json(ns.json, {**record(argv, config.hosts, per_host, rows), "table": text})
+        write_json(ns.json, {**record(argv, config, per_host, rows), "table": text})
     if ns.plot:
         plot(rows, ns.plot)
     return 0
