@@ -22,7 +22,15 @@ from typing import Mapping, Optional, Sequence
 
 from .mpit import DYNAMIC_RULES, DYNAMIC_RULES_ENV
 
-__all__ = ["mpirun_command", "run", "main"]
+__all__ = ["mpirun_command", "run", "main", "launched_by_mpirun", "LAUNCHER_VARS"]
+
+#: what MPI launchers put into every rank's environment (Open MPI, Hydra, PMIx, Intel MPI)
+LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+
+
+def launched_by_mpirun() -> bool:
+    """Whether an MPI launcher started this process; read from the environment, MPI untouched."""
+    return any(name in os.environ for name in LAUNCHER_VARS)
 
 
 def _mpirun() -> str:

@@ -17,8 +17,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from ..config import data as config
-
-_LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+from ..launch import launched_by_mpirun
 
 
 def mpi():
@@ -30,7 +29,7 @@ def mpi():
     wanted = config.use_mpi()
     if wanted is False:
         return None
-    if wanted is None and "mpi4py.MPI" not in sys.modules and not any(v in os.environ for v in _LAUNCHER_VARS):
+    if wanted is None and "mpi4py.MPI" not in sys.modules and not launched_by_mpirun():
         return None
     from mpi4py import MPI
     return MPI

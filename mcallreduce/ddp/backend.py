@@ -1,8 +1,8 @@
 """The ``mcallreduce`` torch.distributed backend: a Python process group over the MPI world.
 
     import mcallreduce.ddp
-    mcallreduce.ddp.init_process_group("mcallreduce")          # under mpirun
-    # or: dist.init_process_group("mcallreduce", init_method="mcallreduce://")
+    dist.init_process_group("mcallreduce")                     # under mpirun, no MASTER_ADDR needed
+    # or: mcallreduce.ddp.init_process_group("mcallreduce"), or init_method="mcallreduce://"
     model = DistributedDataParallel(net)                       # buckets go through the engine
 
 ``allreduce`` runs on the engine (the multi-color allreduce by default) and returns a work
@@ -17,6 +17,7 @@ backend is marked experimental in torch 2.13.
 from __future__ import annotations
 
 import datetime
+import importlib
 from typing import Any, List, Optional
 
 import numpy as np
@@ -25,7 +26,7 @@ import torch.distributed as dist
 
 from .. import config
 from .futures import future_for, reducible
-from .world import require_mpi_ranks
+from .world import env_or_mpi_rendezvous, mpi_rendezvous, require_mpi_ranks
 
 __all__ = ["ProcessGroupMulticolor", "BACKEND", "register"]
 
@@ -178,21 +179,19 @@ def _create(store, rank: int, world_size: int, timeout) -> ProcessGroupMulticolo
     return ProcessGroupMulticolor(rank, world_size)
 
 
-def _rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minutes=30), **kwargs):
-    """``init_method="mcallreduce://"``: rank, size and torch's store from the MPI world."""
-    from mpi4py import MPI
-    from .world import store_from_mpi
-    store = store_from_mpi(MPI.COMM_WORLD, timeout)
-    yield store, MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-
-
 def register() -> None:
-    """Make ``"mcallreduce"`` a torch.distributed backend and ``mcallreduce://`` an init method
+    """Make ``"mcallreduce"`` a torch.distributed backend and ``mcallreduce://`` an init method,
+    and let ``env://`` rendezvous over MPI where an MPI launcher set no ``MASTER_ADDR``
     (idempotent; done on ``import mcallreduce.ddp``)."""
-    from torch.distributed.rendezvous import register_rendezvous_handler
+    # the module: the package exports a function of the same name
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")
     if BACKEND not in dist.Backend.backend_list:
         dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
     try:
-        register_rendezvous_handler(BACKEND, _rendezvous)
+        rendezvous.register_rendezvous_handler(BACKEND, mpi_rendezvous)
     except RuntimeError:   # registered already
         pass
+    # torch has no public way to replace a scheme's handler; its table is module-private.
+    handlers = rendezvous._rendezvous_handlers
+    if not hasattr(handlers.get("env"), "env_handler"):
+        handlers["env"] = env_or_mpi_rendezvous(handlers["env"])

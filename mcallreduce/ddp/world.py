@@ -4,6 +4,10 @@ Rank and size come from MPI. Rank 0 starts torch's TCPStore on a port the kernel
 sends its address and port to the others over MPI; the address is the one rank 0 reaches
 the other hosts from (the source address of a route to a peer's interface), or loopback
 when the whole job is on one host. ``MASTER_ADDR`` / ``MASTER_PORT``, when set, win.
+
+Three ways in: :func:`init_process_group`; ``init_method="mcallreduce://"``; and, once
+:mod:`mcallreduce.ddp` is imported, torch's default ``env://`` in a process that an MPI
+launcher started without ``MASTER_ADDR`` (where torch itself would raise).
 """
 from __future__ import annotations
 
@@ -12,11 +16,15 @@ import fcntl
 import os
 import socket
 import struct
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
+from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as dist
 
-__all__ = ["init_process_group", "store_from_mpi", "check_matches_mpi", "require_mpi_ranks", "interface_addresses"]
+from ..launch import launched_by_mpirun
+
+__all__ = ["init_process_group", "store_from_mpi", "mpi_rendezvous", "env_or_mpi_rendezvous", "check_matches_mpi",
+           "require_mpi_ranks", "interface_addresses"]
 
 _SIOCGIFADDR = 0x8915   # Linux ioctl: an interface's IPv4 address
 
@@ -93,6 +101,31 @@ def store_from_mpi(comm=None, timeout: datetime.timedelta = datetime.timedelta(m
         if nic:
             os.environ["GLOO_SOCKET_IFNAME"] = nic
     return store
+
+
+def mpi_rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minutes=30), **kwargs):
+    """A torch rendezvous handler: rank, size and torch's store from the MPI world.
+
+    A rank or world size that torch put into ``url`` (from ``init_process_group``'s
+    arguments or ``RANK`` / ``WORLD_SIZE``) must be MPI's."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    query = {key: int(values[0]) for key, values in parse_qs(urlparse(url).query).items()
+             if key in ("rank", "world_size") and int(values[0]) != -1}
+    require_mpi_ranks(query.get("rank", comm.Get_rank()), query.get("world_size", comm.Get_size()), comm,
+                      "torch.distributed over the MPI world")
+    yield store_from_mpi(comm, timeout), comm.Get_rank(), comm.Get_size()
+
+
+def env_or_mpi_rendezvous(env_handler: Callable) -> Callable:
+    """torch's ``env://`` handler, or :func:`mpi_rendezvous` where an MPI launcher started the
+    process and ``MASTER_ADDR`` is unset (where ``env://`` would raise)."""
+    def handler(url: str, **kwargs):
+        if "MASTER_ADDR" not in os.environ and launched_by_mpirun():
+            return mpi_rendezvous(url, **kwargs)
+        return env_handler(url, **kwargs)
+    handler.env_handler = env_handler
+    return handler
 
 
 def init_process_group(backend: str = "gloo", comm=None, timeout: Optional[datetime.timedelta] = None,

@@ -27,9 +27,9 @@ def test_ddp_ends_with_the_parameters_of_ddp_on_gloo(np_, arm, thread):
     assert f"agree with gloo at {np_} ranks" in out
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_failures_raise_on_every_rank_and_the_backend_matches_gloo(np_):
-    assert f"all reported on {np_} ranks" in job(np_, "failures.py", timeout=120)
+@pytest.mark.parametrize("np_,init", [(2, "url"), (3, "bare")])
+def test_failures_raise_on_every_rank_and_the_backend_matches_gloo(np_, init):
+    assert f"all reported on {np_} ranks" in job(np_, "failures.py", init, timeout=120)
 
 
 def _free_port() -> int:
@@ -62,3 +62,17 @@ def test_the_ddp_benchmark_runs_every_arm_alternated_and_writes_its_table(tmp_pa
     assert [r["comm"] for r in doc["runs"]] == ["gloo", "hook", "backend", "backend", "hook", "gloo"]
     assert all(r["ranks"] == 2 and r["total_img_sec"] > 0 for r in doc["runs"])
     assert "| hook |" in doc["table"] and "vs gloo" in doc["table"]
+
+
+def test_without_an_mpi_launcher_env_rendezvous_is_torchs_own(monkeypatch):
+    import mcallreduce.ddp
+    from mcallreduce.launch import LAUNCHER_VARS
+    import importlib
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")
+    for name in (*LAUNCHER_VARS, "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    mcallreduce.ddp.backend.register()             # a second time: env:// stays wrapped once
+    handler = rendezvous._rendezvous_handlers["env"]
+    assert not hasattr(handler.env_handler, "env_handler")
+    with pytest.raises(ValueError, match="environment variable RANK expected"):
+        next(rendezvous.rendezvous("env://"))

@@ -3,12 +3,14 @@
 * A bucket whose size differs across ranks (rank 1's model is larger; ``init_sync=False``
   skips DDP's own shape check) makes ``backward()`` raise on every rank, with the hook and
   on the backend.
-* The backend as the default group (``init_method="mcallreduce://"``): broadcast, allgather,
-  barrier and every supported reduce op give gloo's answers; an unsupported collective or op
-  raises a clear error.
+* The backend as the default group, initialised with ``init_method="mcallreduce://"`` or (with
+  the argument ``bare``) as ``dist.init_process_group("mcallreduce")`` with no ``MASTER_ADDR``:
+  broadcast, allgather, barrier and every supported reduce op give gloo's answers; an
+  unsupported collective or op raises a clear error.
 
 The exit status is the result.
 """
+import os
 import sys
 
 import torch
@@ -44,7 +46,12 @@ def mismatched_backward(group, hook: bool) -> None:
     ddp(torch.randn(4, 16)).sum().backward()
 
 
-dist.init_process_group(mcallreduce.ddp.BACKEND, init_method="mcallreduce://")
+if sys.argv[1:] == ["bare"]:
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        os.environ.pop(name, None)
+    dist.init_process_group("mcallreduce")      # torch's default env:// rendezvous, taken over MPI
+else:
+    dist.init_process_group(mcallreduce.ddp.BACKEND, init_method="mcallreduce://")
 default = dist.group.WORLD
 if dist.get_backend() != "mcallreduce":
     problems.append(f"default backend is {dist.get_backend()}")
