@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Optional
 
-__all__ = ["OMPI_ALLREDUCE", "DYNAMIC_RULES", "DYNAMIC_RULES_ENV", "prepare", "forced_comm"]
+__all__ = ["OMPI_ALLREDUCE", "DYNAMIC_RULES", "DYNAMIC_RULES_ENV", "prepare", "forced_env", "forced_comm"]
 
 #: Open MPI 4.1 coll_tuned_allreduce_algorithm values
 OMPI_ALLREDUCE = {"basic_linear": 1, "nonoverlapping": 2, "recursive_doubling": 3, "ring": 4,
@@ -30,6 +30,11 @@ OMPI_ALLREDUCE = {"basic_linear": 1, "nonoverlapping": 2, "recursive_doubling": 
 DYNAMIC_RULES = "coll_tuned_use_dynamic_rules"
 DYNAMIC_RULES_ENV = "OMPI_MCA_" + DYNAMIC_RULES
 _ALGORITHM = "coll_tuned_allreduce_algorithm"
+
+
+def forced_env(algorithm: str) -> dict:
+    """The environment that forces one of ``OMPI_ALLREDUCE`` for a whole job, from its start."""
+    return {DYNAMIC_RULES_ENV: "1", "OMPI_MCA_" + _ALGORITHM: str(OMPI_ALLREDUCE[algorithm])}
 
 
 def prepare() -> None:

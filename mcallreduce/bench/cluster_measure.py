@@ -25,13 +25,12 @@ import sys
 import time
 from typing import List, Optional, Sequence
 
+from ..mpit import forced_env
 from ..units import parse_size
 from .netns import require_root, say
 
 CHUNK = 1 << 20
 PORT = 5201
-# Open MPI's coll/tuned: force the ring (algorithm 4) instead of its size-based default choice.
-RING_ENV = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}
 
 
 # ---------------------------------------------------------------- raw TCP (inside namespaces)
@@ -136,7 +135,7 @@ def measure_allreduce(cluster, sizes: Sequence[int], algorithm: str = "default",
     # measurement is long against start-up noise yet bounded at slow rates.
     iters = [min(50, max(3, math.ceil(target_seconds * cfg.rate_bytes_per_s / (2 * s * max(n - 1, 1) / n))))
              for s in sizes]
-    env = dict(RING_ENV) if algorithm == "ring" else {}
+    env = forced_env("ring") if algorithm == "ring" else {}
     argv = [sys.executable, "-m", __name__, "allreduce-rank",
             "--sizes", ",".join(map(str, sizes)), "--iters", ",".join(map(str, iters))]
     proc = cluster.run(argv, env=env, timeout=timeout)

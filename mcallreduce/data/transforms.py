@@ -45,7 +45,7 @@ class _ToTensor:
     """3xHxW uint8 array -> float32 normalised tensor (or the uint8 tensor when ``normalize`` is False).
 
     numpy, not torch ops: torch's intra-op thread pool, entered from every decode
-    thread at once for a 224x224 image, was 20x slower than one numpy pass here.
+    thread at once, is much slower than one numpy pass (docs/data.md, "Decode pipeline").
     """
 
     def __init__(self, normalize: bool, mean: Sequence[float], std: Sequence[float]):

@@ -8,7 +8,7 @@ emulated cluster up (prefix ``mcrep``), calibrate the model on the first setup
 (:mod:`mcallreduce.sim.calibrate`), run ``python -m mcallreduce.bench`` over all ranks
 with multicolor, ring, mpi and mpi-ring (and stock Horovod through horovod.torch when
 it is installed), then take the cluster down. Then predict every measured point with
-the model, check the issue's goals, predict the paper's scale, and write PNG plots
+the model, check the goals, predict the paper's scale, and write PNG plots
 (docs/img/), raw JSON (docs/data/) and the section of docs/benchmarks.md between
 ``<!-- report:begin -->`` and ``<!-- report:end -->`` (the rest of the file is kept).
 

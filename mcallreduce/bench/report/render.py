@@ -177,7 +177,7 @@ def markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning) -> s
         L += ["", f"All algorithms, all points: median absolute error {np.median(allerr) * 100:.0f} % "
               f"over {len(allerr)} points."]
     target = ("multicolor", "ring", "mpi")
-    L += ["", "**The issue's metric** (ring, multicolor and MPI's default; target median <= 15 %):", "",
+    L += ["", "**The model's accuracy metric** (ring, multicolor and MPI's default; target median <= 15 %):", "",
           "| hosts | points | median abs error | sizes >= 1 MiB | sizes < 1 MiB |", "|---|---|---|---|---|"]
     for h in sorted({s["hosts"] for s in setups}):
         names = {s["setup"] for s in setups if s["hosts"] == h}
@@ -286,7 +286,7 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"link rate, {bound8 / t('8h1r', 'ring', 64 << 10):.2f} of this run's ring time (the shaper's "
         f"128 KiB token bucket lets calls with gaps between them go somewhat faster).")
     out.append(
-        "* *Model accuracy.* See the issue's metric above. At >= 1 MiB the time is bandwidth, the shaper, "
+        "* *Model accuracy.* See the accuracy metric above. At >= 1 MiB the time is bandwidth, the shaper, "
         "duplex and Open MPI's algorithms, all modelled; below 1 MiB it is the engine's per-step work and "
         "the scheduling delay of more processes than cores: the model runs every rank's work at cores/ranks "
         "of a core (ranks that wait poll, so all of them share the cores all the time) and takes each "
