@@ -11,6 +11,7 @@
 | MCALLREDUCE_PIPELINE_DEPTH   | an integer >= 1                | 4          |
 | MCALLREDUCE_SHM_BYTES        | a size (8M), 0 = off           | 8M         |
 | MCALLREDUCE_SINGLE_COPY_BYTES| a size (64K), 0 = off          | 64K        |
+| MCALLREDUCE_ONE_SYNC_BYTES   | a size (32K), 0 = off          | 32K        |
 | MCALLREDUCE_CHECK            | 1, 0                           | 1          |
 | MCALLREDUCE_VERBOSE          | 0, 1                           | 0          |
 | MCALLREDUCE_RANKS_PER_HOST   | auto, or an integer >= 1       | auto       |
@@ -46,7 +47,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional
 
-from .envparse import parse_choice, parse_integer, parse_seconds, parse_switch
+from .envparse import parse_choice, parse_integer, parse_seconds, parse_size_up_to, parse_switch
 from .errors import ConfigError
 from .units import parse_size
 
@@ -81,28 +82,18 @@ def inter_host_segment_bytes(environ: Optional[Mapping[str, str]] = None) -> int
 # On one host, multicolor reduces messages up to this size through a shared-memory window
 # (mcallreduce/shared.py) instead of point-to-point messages; the window holds p + 1 areas
 # of this size per communicator. Measured against messages on the 2-core VM (ahead up to
-# 8 MiB and beyond; the limit bounds the window): docs/benchmarks.md.
+# 8 MiB and beyond; the limit bounds the window): docs/benchmarks-history.md.
 SHM_BYTES = 8 << 20
-
-
-def _shm_bytes(value: Optional[str]) -> int:
-    if value is None:
-        return SHM_BYTES
-    size = parse_size(value, "MCALLREDUCE_SHM_BYTES")
-    if size > 1 << 30:
-        raise ConfigError(f"MCALLREDUCE_SHM_BYTES={value!r}: allowed values are 0 (off) or a size up to 1G")
-    return size
-
 
 # From this size the one-host stage reads and writes the peers' buffers directly (Linux CMA,
 # where the kernel allows it) instead of copying through the window, and has no size limit
 # (measured: docs/benchmarks.md, "One host: the single-copy stage").
 SINGLE_COPY_BYTES = 64 << 10
 
-
-def _single_copy_bytes(value: Optional[str]) -> int:
-    return SINGLE_COPY_BYTES if value is None else parse_size(value, "MCALLREDUCE_SINGLE_COPY_BYTES")
-
+# Up to this size the one-host stage synchronises once: every rank reduces the whole buffer
+# from double-buffered slots of this size, 2p of them after the window's areas
+# (measured: docs/benchmarks.md, "One host: one synchronisation for small calls").
+ONE_SYNC_BYTES = 32 << 10
 
 ROUTES = ("tree", "ring")
 
@@ -131,6 +122,7 @@ class Config:
     inter_host_segment: int = inter_host_segment_bytes({})   # Open MPI's default eager limit
     shm_bytes: int = SHM_BYTES
     single_copy_bytes: int = SINGLE_COPY_BYTES
+    one_sync_bytes: int = ONE_SYNC_BYTES
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
@@ -165,8 +157,11 @@ class Config:
             ranks_per_host=integer("RANKS_PER_HOST", 1),
             tuning_file=_existing_file(get("TUNING_FILE")),
             inter_host_segment=inter_host_segment_bytes(env),
-            shm_bytes=_shm_bytes(get("SHM_BYTES")),
-            single_copy_bytes=_single_copy_bytes(get("SINGLE_COPY_BYTES")),
+            shm_bytes=parse_size_up_to("MCALLREDUCE_SHM_BYTES", get("SHM_BYTES"), SHM_BYTES, 1 << 30, "1G"),
+            single_copy_bytes=parse_size_up_to("MCALLREDUCE_SINGLE_COPY_BYTES", get("SINGLE_COPY_BYTES"),
+                                               SINGLE_COPY_BYTES, 1 << 62, "any"),
+            one_sync_bytes=parse_size_up_to("MCALLREDUCE_ONE_SYNC_BYTES", get("ONE_SYNC_BYTES"), ONE_SYNC_BYTES,
+                                            64 << 20, "64M"),
         )
 
     def with_overrides(self, **kwargs) -> "Config":

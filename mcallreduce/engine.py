@@ -149,9 +149,9 @@ class Engine:
         self.inspector = StallInspector.start(self)
         self._closed = False
 
-    def set_window(self, win, address: int, slot_bytes: int) -> None:
+    def set_window(self, win, address: int, slot_bytes: int, small_bytes: int) -> None:
         with self.lock:
-            self.native.set_window(win.py2f() if win is not None else -1, address, slot_bytes)
+            self.native.set_window(win.py2f() if win is not None else -1, address, slot_bytes, small_bytes)
 
     # ------------------------------------------------------------------ submission
     @property

@@ -1,16 +1,25 @@
-"""Parsers for the values of environment variables: integers, switches, choices and seconds.
+"""Parsers for the values of environment variables: integers, switches, choices, seconds, sizes.
 
 Each takes the variable's name and its text, and raises :class:`ConfigError` naming the
 variable and the allowed values. Standard library only, as :mod:`mcallreduce.config`, which
-reads every variable and parses it with these (sizes: :func:`mcallreduce.units.parse_size`).
+reads every variable and parses it with these (sizes through :func:`mcallreduce.units.parse_size`).
 """
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
 from .errors import ConfigError
+from .units import parse_size
 
-__all__ = ["parse_integer", "parse_switch", "parse_choice", "parse_seconds"]
+__all__ = ["parse_integer", "parse_switch", "parse_choice", "parse_seconds", "parse_size_up_to"]
+
+
+def parse_size_up_to(variable: str, value: Optional[str], default: int, most: int, most_text: str) -> int:
+    """A size (``value`` None: ``default``), 0 for off, at most ``most`` (written ``most_text``)."""
+    size = default if value is None else parse_size(value, variable)
+    if size > most:
+        raise ConfigError(f"{variable}={value!r}: allowed values are 0 (off) or a size up to {most_text}")
+    return size
 
 
 def parse_integer(variable: str, value: Optional[str], low: int, auto: bool = True) -> Optional[int]:

@@ -49,7 +49,8 @@ def as_array(buf: Any) -> np.ndarray:
 # ---------------------------------------------------------------------------- shared memory
 
 class SharedWindow:
-    """The MPI shared-memory window of a single-host communicator: p slots and a result area.
+    """The MPI shared-memory window of a single-host communicator: p slots and a result area,
+    then 2p small slots for the stage's one-sync calls (mcallreduce/shared.py).
 
     Created collectively with the library's duplicate of the communicator, kept for the
     life of the process, freed at exit (before mpi4py finalizes MPI). The window is
@@ -57,10 +58,11 @@ class SharedWindow:
     rank's loads and stores against the messages that tell peers a slot is ready.
     """
 
-    def __init__(self, comm: MPI.Comm, slot_bytes: int):
+    def __init__(self, comm: MPI.Comm, slot_bytes: int, small_bytes: int = 0):
         self.nranks, self.rank = comm.Get_size(), comm.Get_rank()
         self.slot_bytes = -(-slot_bytes // _shared.ALIGN) * _shared.ALIGN
-        total = _shared.areas(self.nranks) * self.slot_bytes
+        self.small_bytes = -(-min(small_bytes, slot_bytes) // _shared.ALIGN) * _shared.ALIGN
+        total = _shared.areas(self.nranks) * self.slot_bytes + _shared.small_areas(self.nranks) * self.small_bytes
         # rank 0 allocates the whole window, so the slots are one contiguous mapping
         self.win = MPI.Win.Allocate_shared(total if self.rank == 0 else 0, 1, comm=comm)
         base, _ = self.win.Shared_query(0)
@@ -69,14 +71,14 @@ class SharedWindow:
         atexit.register(self.free)
 
     @classmethod
-    def create(cls, comm: MPI.Comm, slot_bytes: int) -> Optional["SharedWindow"]:
+    def create(cls, comm: MPI.Comm, slot_bytes: int, small_bytes: int = 0) -> Optional["SharedWindow"]:
         """A window when every rank of ``comm`` shares this host's memory, else None (collective)."""
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         together = node.Get_size() == comm.Get_size()
         node.Free()
         if not together or slot_bytes <= 0 or comm.Get_size() < 2:
             return None
-        return cls(comm, slot_bytes)
+        return cls(comm, slot_bytes, small_bytes)
 
     @property
     def address(self) -> int:

@@ -52,7 +52,7 @@ def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
 
 
 #: the built-in table: measured on this project's development machine with
-#: ``python -m mcallreduce.bench tune --measure`` (docs/benchmarks.md, "Never slower than MPI")
+#: ``python -m mcallreduce.bench tune --measure`` (docs/benchmarks.md, "Commands")
 BUILTIN_TABLE = str(Path(__file__).with_name("tuning-measured.json"))
 
 
@@ -94,7 +94,7 @@ def _mpi_arm(algorithm: str, mpi_ring: bool) -> str:
 
 def resolve(config: Config, nbytes: int, itemsize: int,
             hosts: Sequence[Sequence[int]], shared_slot: int = 0, mpi_type: bool = True,
-            single_copy_ok: bool = False, mpi_ring: bool = False) -> Tuple[str, Params]:
+            single_copy_ok: bool = False, mpi_ring: bool = False, small_slot: int = 0) -> Tuple[str, Params]:
     """Concrete algorithm and schedule parameters for one message of ``nbytes``.
 
     ``shared_slot``: bytes per slot of the caller's shared-memory window (0: none).
@@ -105,6 +105,8 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     that picked MPI's allreduce for this size can be followed.
     ``mpi_ring``: whether every rank has a communicator running Open MPI's ring
     (:mod:`mcallreduce.mpit`); without it ``mpi-ring`` runs as ``mpi``.
+    ``small_slot``: bytes of the window's small slots; up to ``config.one_sync_bytes`` and
+    that size, the one-host stage synchronises once.
     """
     if config.algorithm in MPI_ALGORITHMS:
         return _mpi_arm(config.algorithm, mpi_ring), Params(depth=config.depth)
@@ -122,8 +124,9 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     if hit is not None and hit[0] != "multicolor":      # the table picked another algorithm
         return _mpi_arm(hit[0], mpi_ring), Params(segment=hit[1].segment, depth=config.depth)
     if config.algorithm == "multicolor" and knobs_unset and shared_fits and (hit is None or hit[1].shared):
+        one_sync = nbytes <= min(config.one_sync_bytes, small_slot)
         return "multicolor", Params(colors=nranks, hierarchical=True, depth=config.depth, shared=True,
-                                    single_copy=single_copy)
+                                    single_copy=single_copy and not one_sync, one_sync=one_sync)
     if config.algorithm == "multicolor" and knobs_unset and hit is None and latency_bound(nbytes, nranks):
         return "doubling", Params(segment=0, depth=config.depth)
     tuned = hit[1] if hit is not None and hit[0] == "multicolor" else None

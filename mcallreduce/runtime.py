@@ -55,7 +55,8 @@ class Context:
         self.config = config     # the environment when the context was made
         self.hosts = self._hosts(comm, config.ranks_per_host)
         # one host: multicolor's local stages through shared memory (mcallreduce/shared.py)
-        self.shared = SharedWindow.create(self.comm, config.shm_bytes) if len(self.hosts) == 1 else None
+        self.shared = (SharedWindow.create(self.comm, config.shm_bytes, config.one_sync_bytes)
+                       if len(self.hosts) == 1 else None)
         # TAG_UB is an attribute of COMM_WORLD only (MPI-3.1 §8.1.2); Split comms lack it.
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
         self.windows = max(1, (tag_ub + 1) // TAG_SPAN)   # allreduces in flight at most
@@ -63,7 +64,8 @@ class Context:
         self.closed = False
         atexit.register(self.close)   # before the window is freed and MPI finalized
         if self.shared is not None:
-            self.engine.set_window(self.shared.win, self.shared.address, self.shared.slot_bytes)
+            self.engine.set_window(self.shared.win, self.shared.address, self.shared.slot_bytes,
+                                   self.shared.small_bytes)
         self.single_copy = self.shared is not None and self._peers_readable()
         self._plans: Dict[tuple, Plan] = {}
         self.calls: Dict[tuple, Plan] = {}    # the fast path's plans, by call arguments
@@ -99,7 +101,7 @@ class Context:
                 if plan.algorithm in MPI_ALGORITHMS and plan.schedule is not None:
                     what = f"{plan.algorithm} (where a rank cannot block: {what})"
                 if plan.params.shared:
-                    copy = ", single copy" if plan.params.single_copy else ""
+                    copy = ", single copy" if plan.params.single_copy else ", one sync" if plan.params.one_sync else ""
                     what = f"{plan.algorithm}(colors={plan.params.colors}, shared memory{copy})"
                 print(f"mcallreduce: {nelem} x {dtype} {op} on {self.size} ranks / {len(self.hosts)} hosts "
                       f"-> {what}", file=sys.stderr, flush=True)
@@ -142,7 +144,7 @@ class Context:
     def release_shared(self) -> None:
         """Free the shared-memory window now (collective); later calls run without it."""
         if self.shared is not None:
-            self.engine.set_window(None, 0, 0)
+            self.engine.set_window(None, 0, 0, 0)
             self.shared.free()
             self.shared = None
             self.single_copy = False   # its stage publishes through the window too
@@ -165,15 +167,17 @@ class Plan:
 
     def __init__(self, ctx: Context, config: Config, nelem: int, dtype: np.dtype, op: str,
                  pre: float, post: float):
-        slot = ctx.shared.slot_bytes if ctx.shared is not None else 0
+        slot, small = (ctx.shared.slot_bytes, ctx.shared.small_bytes) if ctx.shared is not None else (0, 0)
         mpi_type = dtype != np.float16   # the one supported dtype MPI has no type for
         direct = ctx.single_copy and pre == 1.0   # a prescaled copy needs the window's slots
         self.algorithm, self.params = resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, slot,
                                               mpi_type=mpi_type, single_copy_ok=direct,
-                                              mpi_ring=ctx.coll_ring is not None)
+                                              mpi_ring=ctx.coll_ring is not None, small_slot=small)
         self.schedule: Optional[Schedule] = None
         self.program = None
-        if self.params.single_copy:
+        if self.params.one_sync:
+            self.kind = _executor.KIND_SHARED_ONE_SYNC
+        elif self.params.single_copy:
             self.kind = _executor.KIND_SINGLE_COPY
         elif self.params.shared:
             self.kind = _executor.KIND_SHARED
@@ -197,11 +201,11 @@ class Plan:
         if config.check or self.params.shared:   # the shared stage's first sync carries it anyway
             self.check = _executor.CHECK_ON
             scale_key = hash((float(pre), float(post))) & ((1 << 40) - 1)
-            p = self.params   # the stage field: 0 none, 1 the window, 2 single copy
+            p = self.params   # the stage field: 0 none, 1 the window, 2 single copy, 3 one sync
             self.meta = vector(ctx.rank, 0, (
                 nelem, DTYPE_CODE[dtype], _ALGO_CODE[self.algorithm], OP_CODE[op], p.colors, p.segment,
-                p.fanout or 0, int(p.hierarchical), p.depth, int(p.shared) + int(p.single_copy), scale_key,
-                _ROUTE_CODE.get(p.route, 0)))
+                p.fanout or 0, int(p.hierarchical), p.depth, int(p.shared) + int(p.single_copy) + 2 * int(p.one_sync),
+                scale_key, _ROUTE_CODE.get(p.route, 0)))
         post = post / ctx.size if op == "average" else post
         self.template = _executor.Template(self.kind, self.program, DTYPE_CODE[dtype], OP_CODE[op], post,
                                            self.meta, self.check)

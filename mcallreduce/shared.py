@@ -26,6 +26,14 @@ any buffer, so no rank reads a range another writes.
 Each value is computed once, by its color's owner, so every rank holds bitwise the
 same result, and the fold order is fixed, so repeated runs agree too.
 
+Up to ``MCALLREDUCE_ONE_SYNC_BYTES`` the stage synchronises once: each rank copies its
+whole buffer into one of its two small slots (the parity of the stage calls so far), and
+after sync 1 folds every rank's small slot, in the same rank order, into its own buffer
+(:func:`reduce_whole`). Every rank computes every value, in the same order, so the result is
+bitwise the same as the two-sync stage's. The slot written in call k is written again in
+call k+2, and a rank publishes call k+2 only after its call k+1 is checked, which needs every
+peer to have published k+1, which a peer does only after finishing k.
+
 Why two syncs suffice from one call to the next (the engine runs one shared-memory
 call at a time, in call order: mcallreduce/engine.py): a rank publishes call k+1
 only after every peer's sync 2 of call k, so no peer still reads its slot; it writes
@@ -46,8 +54,8 @@ import numpy as np
 
 from .schedule import split_even
 
-__all__ = ["ALIGN", "areas", "colors", "publish", "sources", "reduce_color", "collect", "reduce_color_direct",
-           "scale_"]
+__all__ = ["ALIGN", "areas", "small_areas", "colors", "publish", "sources", "reduce_color", "collect",
+           "reduce_color_direct", "reduce_whole", "scale_"]
 
 ALIGN = 4096   # slots start on page boundaries
 
@@ -55,6 +63,11 @@ ALIGN = 4096   # slots start on page boundaries
 def areas(nranks: int) -> int:
     """Areas of one slot size in the window: one slot per rank, then the result area."""
     return nranks + 1
+
+
+def small_areas(nranks: int) -> int:
+    """Small slots after the areas, for one-sync calls: two per rank, used in turn."""
+    return 2 * nranks
 
 
 def colors(nelem: int, nranks: int) -> List[Tuple[int, int]]:
@@ -118,6 +131,14 @@ def reduce_color_direct(buffers: Sequence[np.ndarray], color: int, ufunc: Callab
         for q, peer in enumerate(buffers):
             if q != color:
                 peer[part] = mine
+
+
+def reduce_whole(slots: Sequence[np.ndarray], arr: np.ndarray, ufunc: Callable) -> None:
+    """One sync, after it: ``arr`` = the same rank-order fold as :func:`reduce_color`, of every
+    rank's whole (prescaled) copy in its small slot (at least two ranks)."""
+    ufunc(slots[0], slots[1], out=arr)
+    for other in slots[2:]:
+        ufunc(arr, other, out=arr)
 
 
 def scale_(arr: np.ndarray, factor: float) -> None:

@@ -30,7 +30,12 @@ def test_all_cases_with_the_single_copy_stage_at_every_size():
 
 
 def test_all_cases_with_the_window_stage_only():
-    run_cases(2, env={"MCALLREDUCE_SINGLE_COPY_BYTES": "0", "MCALLREDUCE_TUNING_FILE": "none"})
+    run_cases(2, env={"MCALLREDUCE_SINGLE_COPY_BYTES": "0", "MCALLREDUCE_ONE_SYNC_BYTES": "0",
+                      "MCALLREDUCE_TUNING_FILE": "none"})
+
+
+def test_all_cases_with_the_one_sync_stage_up_to_8m():
+    run_cases(3, env={"MCALLREDUCE_ONE_SYNC_BYTES": "8M", "MCALLREDUCE_TUNING_FILE": "none"})
 
 
 def test_hierarchical_two_virtual_hosts_of_two_ranks():

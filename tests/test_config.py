@@ -126,6 +126,29 @@ def test_shared_memory_stage_on_one_host_only():
             Config.from_env({"MCALLREDUCE_SHM_BYTES": bad})
 
 
+def test_small_one_host_calls_synchronise_once():
+    one_host, slot, small = [[0, 1, 2]], 8 << 20, 32 << 10
+    for nbytes, one_sync in ((0, True), (4 << 10, True), (32 << 10, True), ((32 << 10) + 4, False), (64 << 10, False)):
+        _, p = resolve(Config(), nbytes, 4, one_host, shared_slot=slot, single_copy_ok=True, small_slot=small)
+        assert p.shared and p.one_sync == one_sync and p.single_copy == (nbytes >= 64 << 10), nbytes
+    _, p = resolve(Config(one_sync_bytes=1 << 20), 64 << 10, 4, one_host, shared_slot=slot, single_copy_ok=True,
+                   small_slot=small)
+    assert p.single_copy and not p.one_sync                                 # larger than the small slots
+    _, p = resolve(Config(one_sync_bytes=1 << 20), 64 << 10, 4, one_host, shared_slot=slot, single_copy_ok=True,
+                   small_slot=1 << 20)
+    assert p.one_sync and not p.single_copy                                 # a user's larger limit wins
+    _, p = resolve(Config(one_sync_bytes=1 << 20), 256 << 10, 4, one_host, shared_slot=slot, small_slot=small)
+    assert not p.one_sync                                                   # larger than the small slots
+    _, p = resolve(Config(one_sync_bytes=0), 4 << 10, 4, one_host, shared_slot=slot, small_slot=small)
+    assert p.shared and not p.one_sync
+    assert not resolve(Config(), 4 << 10, 4, one_host, shared_slot=slot)[1].one_sync   # no small slots
+    assert Config.from_env({"MCALLREDUCE_ONE_SYNC_BYTES": "16K"}).one_sync_bytes == 16 << 10
+    assert Config.from_env({}).one_sync_bytes == 32 << 10
+    for bad in ("lots", "128M"):
+        with pytest.raises(ConfigError, match="MCALLREDUCE_ONE_SYNC_BYTES"):
+            Config.from_env({"MCALLREDUCE_ONE_SYNC_BYTES": bad})
+
+
 def test_inter_host_segment_follows_the_tcp_eager_limit():
     from mcallreduce.config import inter_host_segment_bytes
     assert inter_host_segment_bytes({}) == 60 << 10                    # 64 KiB less the headers

@@ -94,3 +94,47 @@ def test_publish_without_prescale_leaves_the_own_color_to_the_buffer():
     shared.publish(np.ones(n, np.float32), slot, 0, p, None)
     (lo, count), _ = shared.colors(n, p)
     assert np.all(slot[lo:lo + count] == -1) and np.all(slot[lo + count:] == 1)
+
+
+def play_one_sync(calls, slots_per_rank=2, ufunc=np.add):
+    """One-sync calls, rank 0 as far ahead as the protocol lets it get: it publishes call k+1
+    (its call k is done once every rank published k) before the other ranks reduce call k."""
+    p, n, dtype = len(calls[0]), calls[0][0].size, calls[0][0].dtype
+    small = np.full((shared.small_areas(p), max(n, 1)), 99, dtype)
+
+    def slot(q, k):
+        return small[2 * q + (k % slots_per_rank)][:n]
+
+    for q in range(p):
+        slot(q, 0)[...] = calls[0][q]
+    for k in range(len(calls)):
+        sources = [slot(q, k) for q in range(p)]
+        shared.reduce_whole(sources, calls[k][0], ufunc)
+        if k + 1 < len(calls):
+            slot(0, k + 1)[...] = calls[k + 1][0]
+        for q in range(1, p):
+            shared.reduce_whole(sources, calls[k][q], ufunc)
+            if k + 1 < len(calls):
+                slot(q, k + 1)[...] = calls[k + 1][q]
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_sync_gives_the_window_stage_result_bitwise_with_a_rank_a_call_ahead(p, dtype):
+    rng = np.random.default_rng(p + 200)
+    for n in (0, 1, p + 1, 97):
+        inputs = [[(rng.standard_normal(n) * 50).astype(dtype) for _ in range(p)] for _ in range(4)]
+        calls = [[x.copy() for x in call] for call in inputs]
+        play_one_sync(calls)
+        for call_in, call_out in zip(inputs, calls):
+            two_sync = [x.copy() for x in call_in]
+            play(two_sync)
+            for b in call_out:
+                assert b.tobytes() == two_sync[0].tobytes(), (p, dtype, n)
+
+
+def test_one_sync_with_one_slot_per_rank_would_read_a_peer_s_next_call():
+    # why two slots: with one, rank 0's next call overwrites what the others still reduce
+    calls = [[np.full(4, 10.0 * k + q) for q in range(2)] for k in range(3)]
+    play_one_sync(calls, slots_per_rank=1)
+    assert not np.array_equal(calls[0][1], calls[0][0])

@@ -137,13 +137,15 @@ void checked(EngineObject *e, run_t *r) {
         finish(e, r, STATUS_MISMATCH);
         return;
     }
+    /* counted only once agreed, so every rank counts the same calls (shared_stage.c) */
+    if (ONE_HOST_STAGE(r->kind)) e->stage_calls++;
     switch (r->kind) {
     case KIND_FUSED:   /* the data was reduced along the check: every rank agreed, so it is the result */
         if (r->data_bad) { fail_run(e, r, "internal error: a fused call's data was not reduced", MPI_SUCCESS); return; }
         memcpy(r->buf, check_data(r), (size_t)(r->nelem * r->isz));
         finish(e, r, STATUS_OK);
         return;
-    case KIND_SHARED: case KIND_SINGLE_COPY:
+    case KIND_SHARED: case KIND_SINGLE_COPY: case KIND_SHARED_ONE_SYNC:
         shm_reduce(e, r);
         if (!r->done && r->pending == 0) shm_collect(e, r);   /* a single rank */
         return;

@@ -11,9 +11,10 @@
 
 enum { STEP_SEND = 0, STEP_RECV = 1, STEP_RECV_SCRATCH = 2, STEP_REDUCE = 3 };
 enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KIND_FUSED = 4, KIND_SINGLE_COPY = 5,
-       KIND_MPI_RING = 6 };
-/* the one-host stages: through the window's slots, or reading and writing the peers' buffers */
-#define ONE_HOST_STAGE(kind) ((kind) == KIND_SHARED || (kind) == KIND_SINGLE_COPY)
+       KIND_MPI_RING = 6, KIND_SHARED_ONE_SYNC = 7 };
+/* the one-host stages: through the window's slots (two syncs, or one for small calls), or
+   reading and writing the peers' buffers */
+#define ONE_HOST_STAGE(kind) ((kind) == KIND_SHARED || (kind) == KIND_SINGLE_COPY || (kind) == KIND_SHARED_ONE_SYNC)
 /* MPI's own allreduce: its default decision (coll), or Open MPI's ring (coll_ring) */
 #define MPI_COLLECTIVE(kind) ((kind) == KIND_MPI || (kind) == KIND_MPI_RING)
 /* The metadata vector's last slot of each half (mcallreduce/metadata.py): MAX-reduced by the
@@ -83,6 +84,7 @@ typedef struct run {
     double *color_t;
     int ncolors, first_color;
     char *sync_in;              /* the shared stage's sync 2: one byte from each peer, 1 if it failed */
+    int parity;                 /* the one-sync stage: which of its two slots per rank this call uses */
     char error[200];
 } run_t;
 
@@ -115,7 +117,8 @@ typedef struct {
     run_t *coll_head, *coll_tail, *shm_head, *shm_tail;
     MPI_Win win;
     char *win_base;
-    int64_t slot_bytes;
+    int64_t slot_bytes, small_bytes;   /* the window: p + 1 slots, then 2p small ones (one sync) */
+    long long stage_calls;      /* one-host stage calls every rank agreed on: the same on every rank */
     void *pool[POOL_SLOTS];
     size_t pool_bytes[POOL_SLOTS];
     char sync_ok, sync_failed;   /* what the shared stage's sync 2 sends: 0, or 1 after a failure */

@@ -41,12 +41,14 @@ static void Engine_dealloc(EngineObject *self) {
 }
 
 static PyObject *Engine_set_window(EngineObject *self, PyObject *args) {
-    long long win, base, slot;
-    if (!PyArg_ParseTuple(args, "LLL", &win, &base, &slot)) return NULL;
+    long long win, base, slot, small;
+    if (!PyArg_ParseTuple(args, "LLLL", &win, &base, &slot, &small)) return NULL;
     if (self->shm_head) { PyErr_SetString(PyExc_RuntimeError, "shared-memory allreduces in flight"); return NULL; }
     self->win = win < 0 ? MPI_WIN_NULL : MPI_Win_f2c((MPI_Fint)win);
     self->win_base = (char *)(intptr_t)base;
     self->slot_bytes = slot;
+    self->small_bytes = small;
+    self->stage_calls = 0;   /* collective, with no stage call in flight: every rank restarts the count */
     Py_RETURN_NONE;
 }
 
@@ -256,7 +258,8 @@ static PyMethodDef Engine_methods[] = {
      "submit(seq, tag0, wait, template, buffer, prescale) -> None, or with wait (status, payload)"},
     {"progress", (PyCFunction)Engine_progress, METH_VARARGS,
      "progress(block, until=-1) -> finished runs; blocks until `until` is done, or any run finishes"},
-    {"set_window", (PyCFunction)Engine_set_window, METH_VARARGS, "set_window(win_f, base_address, slot_bytes)"},
+    {"set_window", (PyCFunction)Engine_set_window, METH_VARARGS,
+     "set_window(win_f, base_address, slot_bytes, small_slot_bytes)"},
     {"enable_wake", (PyCFunction)Engine_enable_wake, METH_NOARGS, "enable_wake(): post the wake-up request"},
     {"disable_wake", (PyCFunction)Engine_disable_wake, METH_NOARGS, "complete and forget the wake-up request"},
     {"probe_copy", (PyCFunction)Engine_probe_copy, METH_VARARGS,
@@ -297,7 +300,7 @@ PyMODINIT_FUNC PyInit__executor(void) {
 #define CONST(name, value) PyModule_AddIntConstant(m, name, value)
     CONST("KIND_CHECK_ONLY", KIND_CHECK_ONLY); CONST("KIND_SCHEDULE", KIND_SCHEDULE);
     CONST("KIND_MPI", KIND_MPI); CONST("KIND_MPI_RING", KIND_MPI_RING); CONST("KIND_SHARED", KIND_SHARED);
-    CONST("KIND_SINGLE_COPY", KIND_SINGLE_COPY);
+    CONST("KIND_SINGLE_COPY", KIND_SINGLE_COPY); CONST("KIND_SHARED_ONE_SYNC", KIND_SHARED_ONE_SYNC);
     CONST("KIND_FUSED", KIND_FUSED); CONST("CHECK_OFF", CHECK_OFF); CONST("CHECK_ON", CHECK_ON);
     CONST("STATUS_OK", STATUS_OK); CONST("STATUS_MISMATCH", STATUS_MISMATCH); CONST("STATUS_ERROR", STATUS_ERROR);
     CONST("LOWERED_COLUMNS", LOWERED_COLUMNS);

@@ -20,7 +20,16 @@
  * c of a peer's buffer, that peer writes only its own color (there and into rank c's
  * buffer), so nobody reads a range another rank writes.
  *
- * Both fold in rank order, so they give bitwise the same result. A rank that fails (a peer
+ * one sync (KIND_SHARED_ONE_SYNC), for small calls: every rank reduces the whole buffer,
+ *   publish -> copy this rank's data into its small slot of this call's parity; sync 1 (the check);
+ *   reduce  -> fold every rank's small slot, in rank order, into the buffer. Done: no sync 2.
+ *   A rank reuses a slot two stage calls later. It publishes that call once its own previous
+ *   stage call is checked, which needs every peer to have published it, and a peer publishes
+ *   a stage call only after finishing the one before: nobody still reads the slot. Parity is
+ *   the count of stage calls every rank agreed on (a mismatched call counts on no rank), so a
+ *   call that is a stage call on one rank only cannot shift one rank's parity.
+ *
+ * All fold in rank order, so they give bitwise the same result. A rank that fails (a peer
  * that died mid-copy) still sends its sync 2, saying so, and every rank raises.
  * Runs queue: one stage at a time uses the window, in call order on every rank.
  */
@@ -38,6 +47,11 @@ static void color_range(int64_t nelem, int nranks, int color, int64_t *lo, int64
 }
 
 static char *area(EngineObject *e, int i) { return e->win_base + (int64_t)i * e->slot_bytes; }
+
+/* Rank q's small slot of one parity, after the p + 1 areas. */
+static char *small_area(EngineObject *e, int q, int parity) {
+    return area(e, e->size + 1) + (int64_t)(2 * q + parity) * e->small_bytes;
+}
 
 /* ---- sync 2: a byte to and from every other rank, 1 from a rank whose reduction failed */
 
@@ -114,7 +128,12 @@ int probe_peer_copy(pid_t pid, intptr_t address, int64_t *value) {
    check (sync 1). */
 void shm_publish(EngineObject *e, run_t *r) {
     char *slot = area(e, e->rank);
-    if (r->kind == KIND_SINGLE_COPY) {   /* the prescale is 1: the runtime chose the window otherwise */
+    if (r->kind == KIND_SHARED_ONE_SYNC) {
+        r->parity = (int)(e->stage_calls & 1);
+        slot = small_area(e, e->rank, r->parity);
+        memcpy(slot, r->buf, (size_t)(r->nelem * r->isz));
+        if (r->pre != 1.0) scale_buffer(r->dtype, slot, r->nelem, r->pre);
+    } else if (r->kind == KIND_SINGLE_COPY) {   /* the prescale is 1: the runtime chose the window otherwise */
         int64_t *header = (int64_t *)slot;
         header[HEADER_PID] = (int64_t)getpid();
         header[HEADER_ADDRESS] = (int64_t)(intptr_t)r->buf;
@@ -137,10 +156,23 @@ static const char *shm_source(EngineObject *e, run_t *r, int q, size_t off) {
     return (q == e->rank && r->pre == 1.0) ? r->buf + off : area(e, q) + off;
 }
 
+/* The timeline's one color of this rank: reduced now. */
+static void record_own_color(EngineObject *e, run_t *r) {
+    r->color_t = calloc(2, sizeof(double));
+    if (r->color_t) { r->ncolors = 1; r->first_color = e->rank; r->color_t[0] = r->color_t[1] = now_s(); }
+}
+
 /* Step 2: fold color `rank` of every rank's data, in rank order, into the result area (or,
    single copy, into this rank's buffer and every peer's). */
 void shm_reduce(EngineObject *e, run_t *r) {
     MPI_Win_sync(e->win);
+    if (r->kind == KIND_SHARED_ONE_SYNC) {   /* the whole buffer, from the slots alone */
+        combine_into(r->dtype, r->op, r->buf, small_area(e, 0, r->parity), small_area(e, 1, r->parity), r->nelem);
+        for (int q = 2; q < e->size; q++) reduce_into(r->dtype, r->op, r->buf, small_area(e, q, r->parity), r->nelem, 0);
+        record_own_color(e, r);
+        finish(e, r, STATUS_OK);
+        return;
+    }
     int64_t lo, count;
     color_range(r->nelem, e->size, e->rank, &lo, &count);
     if (r->kind == KIND_SINGLE_COPY) {
@@ -156,8 +188,7 @@ void shm_reduce(EngineObject *e, run_t *r) {
     else combine_into(r->dtype, r->op, out, shm_source(e, r, 0, off), shm_source(e, r, 1, off), count);
     for (int q = 2; q < e->size; q++) reduce_into(r->dtype, r->op, out, shm_source(e, r, q, off), count, 0);
     MPI_Win_sync(e->win);
-    r->color_t = calloc(2, sizeof(double));   /* this rank's color: reduced now, broadcast by the collect */
-    if (r->color_t) { r->ncolors = 1; r->first_color = e->rank; r->color_t[0] = r->color_t[1] = now_s(); }
+    record_own_color(e, r);   /* broadcast by the collect, which updates its end */
     post_sync(e, r, 0);
 }
 

@@ -394,6 +394,30 @@ def algorithm_mismatch_mpi_vs_schedule_raises_everywhere():
 
 
 @case
+@between_peers
+def one_sync_calls_stay_exact_after_a_stage_call_on_one_rank_only():
+    # the one-host stage's small calls reuse each slot every other stage call, counting only
+    # the calls every rank agreed on: a call that is a stage call on some ranks only must not
+    # shift anyone's count (on several hosts the stage is not used, and this is a plain mismatch)
+    early = [mcallreduce.allreduce_async(data(1000 + k, np.float32)) for k in range(3)]
+    odd = np.ones(1000, np.float32)
+    assert raises(MismatchError, lambda: mcallreduce.allreduce(odd, algorithm="ring" if rank == 0 else None))
+    for k, handle in enumerate(early):
+        assert np.array_equal(handle.wait(), expected(1000 + k, np.float32)), k
+    for dtype in (np.float16, np.float32, np.int64):
+        inputs = [data(500 + 37 * k, dtype) * (k + 1) for k in range(6)]
+        floating = np.dtype(dtype).kind == "f"
+        kwargs = [{"op": "average"} if k == 4 and floating else {"prescale": 2.0} if k == 5 else {} for k in range(6)]
+        handles = [mcallreduce.allreduce_async(x.copy(), **kw) for x, kw in zip(inputs, kwargs)]
+        for k in reversed(range(6)):
+            got = handles[k].wait()
+            two_sync = mcallreduce.allreduce(inputs[k].copy(), one_sync_bytes=0, **kwargs[k])
+            assert got.tobytes() == two_sync.tobytes() and same_on_all_ranks(got), (dtype, k)
+            if k < 4:
+                assert np.array_equal(got, (expected(inputs[k].size, np.float64) * (k + 1)).astype(dtype)), (dtype, k)
+
+
+@case
 def split_communicator():
     sub = comm.Split(color=rank % 2, key=rank)
     x = np.full(1000, rank + 1, np.int64)
