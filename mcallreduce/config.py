@@ -157,11 +157,11 @@ class Config:
             ranks_per_host=integer("RANKS_PER_HOST", 1),
             tuning_file=_existing_file(get("TUNING_FILE")),
             inter_host_segment=inter_host_segment_bytes(env),
-            shm_bytes=parse_size_up_to("MCALLREDUCE_SHM_BYTES", get("SHM_BYTES"), SHM_BYTES, 1 << 30, "1G"),
+            shm_bytes=parse_size_up_to("MCALLREDUCE_SHM_BYTES", get("SHM_BYTES"), SHM_BYTES, 1 << 30),
             single_copy_bytes=parse_size_up_to("MCALLREDUCE_SINGLE_COPY_BYTES", get("SINGLE_COPY_BYTES"),
-                                               SINGLE_COPY_BYTES, 1 << 62, "any"),
+                                               SINGLE_COPY_BYTES),
             one_sync_bytes=parse_size_up_to("MCALLREDUCE_ONE_SYNC_BYTES", get("ONE_SYNC_BYTES"), ONE_SYNC_BYTES,
-                                            64 << 20, "64M"),
+                                            64 << 20),
         )
 
     def with_overrides(self, **kwargs) -> "Config":

@@ -9,16 +9,16 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from .errors import ConfigError
-from .units import parse_size
+from .units import format_size, parse_size
 
 __all__ = ["parse_integer", "parse_switch", "parse_choice", "parse_seconds", "parse_size_up_to"]
 
 
-def parse_size_up_to(variable: str, value: Optional[str], default: int, most: int, most_text: str) -> int:
-    """A size (``value`` None: ``default``), 0 for off, at most ``most`` (written ``most_text``)."""
+def parse_size_up_to(variable: str, value: Optional[str], default: int, most: Optional[int] = None) -> int:
+    """A size (``value`` None: ``default``), 0 for off, at most ``most`` when given."""
     size = default if value is None else parse_size(value, variable)
-    if size > most:
-        raise ConfigError(f"{variable}={value!r}: allowed values are 0 (off) or a size up to {most_text}")
+    if most is not None and size > most:
+        raise ConfigError(f"{variable}={value!r}: allowed values are 0 (off) or a size up to {format_size(most)}")
     return size
 
 

@@ -34,6 +34,8 @@ __all__ = ["Context", "Handle", "allreduce", "allreduce_async", "start_progress_
 OPS = tuple(OP_CODE)   # sum, average, min, max, product
 _ALGO_CODE = {name: i + 1 for i, name in enumerate(ALGORITHMS)}
 _ROUTE_CODE = {name: i + 1 for i, name in enumerate(ROUTES)}
+#: the metadata check's stage field, by the plan's kind (0: no one-host stage)
+_STAGE_CODE = {_executor.KIND_SHARED: 1, _executor.KIND_SINGLE_COPY: 2, _executor.KIND_SHARED_ONE_SYNC: 3}
 _MAX_MESSAGE_BYTES = (1 << 31) - 1   # the executor posts byte counts as C ints
 
 
@@ -201,11 +203,11 @@ class Plan:
         if config.check or self.params.shared:   # the shared stage's first sync carries it anyway
             self.check = _executor.CHECK_ON
             scale_key = hash((float(pre), float(post))) & ((1 << 40) - 1)
-            p = self.params   # the stage field: 0 none, 1 the window, 2 single copy, 3 one sync
+            p = self.params
             self.meta = vector(ctx.rank, 0, (
                 nelem, DTYPE_CODE[dtype], _ALGO_CODE[self.algorithm], OP_CODE[op], p.colors, p.segment,
-                p.fanout or 0, int(p.hierarchical), p.depth, int(p.shared) + int(p.single_copy) + 2 * int(p.one_sync),
-                scale_key, _ROUTE_CODE.get(p.route, 0)))
+                p.fanout or 0, int(p.hierarchical), p.depth, _STAGE_CODE.get(self.kind, 0), scale_key,
+                _ROUTE_CODE.get(p.route, 0)))
         post = post / ctx.size if op == "average" else post
         self.template = _executor.Template(self.kind, self.program, DTYPE_CODE[dtype], OP_CODE[op], post,
                                            self.meta, self.check)

@@ -100,10 +100,7 @@ def reduce_color(data: Sequence[np.ndarray], result: np.ndarray, color: int, ufu
     """Step 2, on local rank ``color``: result = op(...op(op(data 0, data 1), data 2)..., data p-1)
     over color ``color`` (at least two ranks; ``data`` from :func:`sources`)."""
     lo, count = colors(result.size, len(data))[color]
-    out = result[lo:lo + count]
-    ufunc(data[0][lo:lo + count], data[1][lo:lo + count], out=out)
-    for other in data[2:]:
-        ufunc(out, other[lo:lo + count], out=out)
+    reduce_whole([d[lo:lo + count] for d in data], result[lo:lo + count], ufunc)
 
 
 def collect(arr: np.ndarray, result: np.ndarray) -> None:
@@ -134,8 +131,9 @@ def reduce_color_direct(buffers: Sequence[np.ndarray], color: int, ufunc: Callab
 
 
 def reduce_whole(slots: Sequence[np.ndarray], arr: np.ndarray, ufunc: Callable) -> None:
-    """One sync, after it: ``arr`` = the same rank-order fold as :func:`reduce_color`, of every
-    rank's whole (prescaled) copy in its small slot (at least two ranks)."""
+    """One sync, after it: ``arr`` = op(...op(op(slot 0, slot 1), slot 2)..., slot p-1), every
+    rank's whole (prescaled) copy in its small slot (at least two ranks); :func:`reduce_color`
+    folds one color the same way."""
     ufunc(slots[0], slots[1], out=arr)
     for other in slots[2:]:
         ufunc(arr, other, out=arr)
