@@ -95,6 +95,10 @@ SINGLE_COPY_BYTES = 64 << 10
 # (measured: docs/benchmarks.md, "One host: one synchronisation for small calls").
 ONE_SYNC_BYTES = 32 << 10
 
+# A blocking wait polls MPI for this long after the last completion, then sleeps between polls
+# (docs/benchmarks.md, "How long a wait polls").
+POLL_US = 1000
+
 ROUTES = ("tree", "ring")
 
 
@@ -123,6 +127,7 @@ class Config:
     shm_bytes: int = SHM_BYTES
     single_copy_bytes: int = SINGLE_COPY_BYTES
     one_sync_bytes: int = ONE_SYNC_BYTES
+    poll_us: int = POLL_US
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
@@ -162,6 +167,7 @@ class Config:
                                                SINGLE_COPY_BYTES),
             one_sync_bytes=parse_size_up_to("MCALLREDUCE_ONE_SYNC_BYTES", get("ONE_SYNC_BYTES"), ONE_SYNC_BYTES,
                                             64 << 20),
+            poll_us=POLL_US if get("POLL_US") is None else integer("POLL_US", 0, auto=False),
         )
 
     def with_overrides(self, **kwargs) -> "Config":

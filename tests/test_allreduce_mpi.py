@@ -51,6 +51,10 @@ def test_a_rank_waiting_for_a_late_peer_sleeps(np_, mode):
     passed(mpi_script(np_, "late_peer.py", mode, timeout=120))
 
 
+def test_a_wait_polls_as_long_as_the_user_asks():
+    passed(mpi_script(2, "late_peer.py", "caller", env={"MCALLREDUCE_POLL_US": "3000000"}, timeout=120))
+
+
 def test_mpi_collectives_without_the_check_never_block():
     # with no check to agree through, every rank takes the nonblocking path
     cases = ["mpi_collective_waited_alone_on_some_ranks_only",

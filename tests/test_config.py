@@ -243,3 +243,11 @@ def test_data_variables(monkeypatch):
                   "MEMORY_FRACTION": data.memory_fraction, "DECODER": data.decoder}[name.split("DATA_")[1]]
         with pytest.raises(ConfigError, match=name):
             getter()
+
+
+def test_poll_time_is_microseconds_from_zero():
+    assert Config.from_env({}).poll_us == 1000
+    assert Config.from_env({"MCALLREDUCE_POLL_US": "0"}).poll_us == 0
+    for bad in ("-1", "1ms", "auto"):
+        with pytest.raises(ConfigError, match="MCALLREDUCE_POLL_US"):
+            Config.from_env({"MCALLREDUCE_POLL_US": bad})

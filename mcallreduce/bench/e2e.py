@@ -126,6 +126,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="with --read-limit: seconds between page-cache drops of the tree")
     parser.add_argument("--epochs", type=int, default=2, help="per run; the last one is reported")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    parser.add_argument("-x", dest="env", action="append", default=[], metavar="NAME=VALUE",
+                        help="exported to every arm's ranks (an arm's own variables win); repeatable")
     parser.add_argument("--json", help="write the runs and the table here")
     parser.add_argument("--plot", help="write a PNG of the step split here")
     parser.add_argument("example_args", nargs=argparse.REMAINDER, help="-- then the example's arguments")
@@ -134,6 +136,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     arms = [a for a in ns.arms.split(",") if a]
     if set(arms) - set(ARMS):
         parser.error(f"unknown arms {sorted(set(arms) - set(ARMS))}; choose from {', '.join(ARMS)}")
+    if any("=" not in item for item in ns.env):
+        parser.error("-x takes NAME=VALUE")
+    extra_env = dict(item.split("=", 1) for item in ns.env)
     from ..data.format import pack
     from ..data.photos import make_imagenet_like
     from ..data.throttle import LoopDisk, ReadLimit, ReadThrottle
@@ -170,7 +175,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 dirs = folders if data == "folder" else stores
                 metrics = example.train(["--data", data, "--train-dir", dirs["train"], "--val-dir", dirs["val"],
                                          "--epochs", ns.epochs, *ns.example_args],
-                                        os.path.join(tmp, f"{arm}-{round_}"), env, cluster=cluster,
+                                        os.path.join(tmp, f"{arm}-{round_}"), {**extra_env, **env}, cluster=cluster,
                                         timeout=ns.timeout)
                 row = summarise(arm, metrics, round_ + 1)
                 rows.append(row)

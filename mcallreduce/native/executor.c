@@ -268,11 +268,10 @@ static void completed(EngineObject *e, int n) {
 
 /* A blocking wait polls while messages keep completing and sleeps once they stop: MPI's own
    wait would spin (with mpi_yield_when_idle, yield and spin) on a core that the peers, the
-   backward pass or the decoder need. After SPIN_S without a completion it sleeps between
+   backward pass or the decoder need. After poll_s without a completion it sleeps between
    polls, each nap at most an eighth of the time waited so far (so sleeping adds at most that
    share to a wait) and at most SLEEP_MAX_NS (well under a pipeline segment's time on a slow
    link, so a forwarding rank keeps its links busy); any completion polls again. */
-#define SPIN_S 1e-3
 #define SLEEP_MAX_NS 200000L
 
 /* Block (or test once) until `until` is done, or with until NULL until any run finishes or
@@ -303,7 +302,7 @@ void progress(EngineObject *e, int block, run_t *until) {
         } else {
             double idle = now_s() - last;
             long nap = (long)(idle * 1e9 / 8);
-            if (idle > SPIN_S) {
+            if (idle >= e->poll_s) {
                 struct timespec ts = {0, nap < SLEEP_MAX_NS ? nap : SLEEP_MAX_NS};
                 nanosleep(&ts, NULL);
             }

@@ -105,6 +105,7 @@ typedef struct {
     char abort_reason[200];
     size_t fused_max;           /* the largest fused call's data: every check receive holds this much */
     size_t piece_bytes;         /* the check's messages travel in pieces of at most this much */
+    double poll_s;              /* a blocking wait polls this long after a completion, then naps */
     MPI_Status *statuses;
     MPI_Request *reqs;
     run_t **owner_run;
