@@ -130,9 +130,8 @@ class Engine:
         # TCP's eager limit applies across hosts only: on one host a check message is one piece
         piece = ctx.config.inter_host_segment if len(ctx.hosts) > 1 else ONE_PIECE
         self.native = _executor.Engine(ctx.comm.py2f(), ctx.ctl.py2f(), ctx.coll.py2f(), CHECK_TAG, SYNC_TAG,
-                                       FUSED_MAX_BYTES, piece,
-                                       ctx.coll_ring.py2f() if ctx.coll_ring is not None else -1,
-                                       poll_s=ctx.config.poll_us * 1e-6)
+                                       FUSED_MAX_BYTES, piece, ctx.config.poll_us * 1e-6,
+                                       ctx.coll_ring.py2f() if ctx.coll_ring is not None else -1)
         self.lock = threading.RLock()            # serialises calls into the executor
         self.callback_lock = threading.Lock()
         self.calls: Dict[int, _Call] = {}        # seq -> call, until the executor reports it

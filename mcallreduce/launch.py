@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import sys
-from typing import Mapping, Optional, Sequence
+from typing import Dict, Mapping, Optional, Sequence
 
 from .mpit import DYNAMIC_RULES, DYNAMIC_RULES_ENV
 
@@ -126,6 +126,11 @@ def run(
     return result
 
 
+def exported_env(items: Sequence[str]) -> Dict[str, str]:
+    """``-x`` items as mpirun reads them: NAME=VALUE, or NAME alone for this process's value."""
+    return dict(item.split("=", 1) if "=" in item else (item, os.environ.get(item, "")) for item in items)
+
+
 def main(args: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mcallreduce.launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,7 +143,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     argv = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not argv:
         parser.error("no program given (use: -np N -- program args...)")
-    env = dict(item.split("=", 1) if "=" in item else (item, os.environ.get(item, "")) for item in ns.env)
+    env = exported_env(ns.env)
     cmd = mpirun_command(ns.np, argv, env=env)
     if ns.dry_run:
         print(" ".join(cmd))

@@ -21,10 +21,10 @@ The topology and the measured numbers are in docs/cluster.md.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Optional, Sequence
 
+from mcallreduce import launch
 from mcallreduce.errors import ConfigError
 from mcallreduce.bench.cluster_hosts import ClusterHosts
 from mcallreduce.bench.cluster_jobs import ClusterJobs
@@ -96,8 +96,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
             argv = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
             if not argv:
                 parser.error("run: no program given (use: run [-np N] -- program args...)")
-            env = dict(item.split("=", 1) if "=" in item else (item, os.environ.get(item, ""))
-                       for item in ns.env)
+            env = launch.exported_env(ns.env)
             if ns.dry_run:
                 print(" ".join(cluster.horovodrun_gloo_argv(argv, np=ns.np) if ns.gloo else
                                cluster.mpirun_argv(argv, np=ns.np, env=env)))

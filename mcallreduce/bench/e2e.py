@@ -32,6 +32,7 @@ import tempfile
 import threading
 from typing import Dict, List, Optional, Sequence
 
+from .. import launch
 from ..units import parse_size
 from . import example, output
 from .output import write_json
@@ -127,7 +128,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--epochs", type=int, default=2, help="per run; the last one is reported")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     parser.add_argument("-x", dest="env", action="append", default=[], metavar="NAME=VALUE",
-                        help="exported to every arm's ranks (an arm's own variables win); repeatable")
+                        help="exported to every arm's ranks, as mpirun -x (an arm's own variables win); repeatable")
     parser.add_argument("--json", help="write the runs and the table here")
     parser.add_argument("--plot", help="write a PNG of the step split here")
     parser.add_argument("example_args", nargs=argparse.REMAINDER, help="-- then the example's arguments")
@@ -136,9 +137,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     arms = [a for a in ns.arms.split(",") if a]
     if set(arms) - set(ARMS):
         parser.error(f"unknown arms {sorted(set(arms) - set(ARMS))}; choose from {', '.join(ARMS)}")
-    if any("=" not in item for item in ns.env):
-        parser.error("-x takes NAME=VALUE")
-    extra_env = dict(item.split("=", 1) for item in ns.env)
+    extra_env = launch.exported_env(ns.env)
     from ..data.format import pack
     from ..data.photos import make_imagenet_like
     from ..data.throttle import LoopDisk, ReadLimit, ReadThrottle

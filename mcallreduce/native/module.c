@@ -11,11 +11,11 @@ static MPI_Comm comm_of(long long handle) { return MPI_Comm_f2c((MPI_Fint)handle
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
     long long comm, ctl, coll, coll_ring = -1;
     long long fused_max, piece;
-    double poll_s = 1e-3;
-    static char *names[] = {"comm", "ctl", "coll", "check_tag", "sync_tag", "fused_max", "piece_bytes", "coll_ring",
-                            "poll_s", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLiiLL|Ld", names, &comm, &ctl, &coll, &self->check_tag,
-                                     &self->sync_tag, &fused_max, &piece, &coll_ring, &poll_s))
+    double poll_s;
+    static char *names[] = {"comm", "ctl", "coll", "check_tag", "sync_tag", "fused_max", "piece_bytes", "poll_s",
+                            "coll_ring", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLiiLLd|L", names, &comm, &ctl, &coll, &self->check_tag,
+                                     &self->sync_tag, &fused_max, &piece, &poll_s, &coll_ring))
         return -1;
     if (poll_s < 0) { PyErr_SetString(PyExc_ValueError, "poll_s must be >= 0"); return -1; }
     self->poll_s = poll_s;
