@@ -15,7 +15,8 @@ kernel's block throttle (data/throttle.py) at that many bytes/s per host (the wh
 gets hosts x that), and its pages are dropped from the page cache every ``--evict-every``
 seconds, so every epoch of ``stock`` reads from storage, as on a cluster whose data set
 exceeds its RAM. The memory arms open the tree packed once (``TREE.train.mcstore``,
-``TREE.val.mcstore``, on the system disk): their one-time load is not what is measured.
+``TREE.val.mcstore``, on the system disk): their one-time load is not what is measured. With
+``--cpu-by-thread`` every run also reports the cores each kind of thread used (bench/thread_cpu.py).
 
     python -m mcallreduce.bench.cluster up --hosts 4 --rate 200mbit
     python -m mcallreduce.bench e2e --tree /var/tmp/imagenet-like --read-limit 2M --runs 2 \\
@@ -36,6 +37,7 @@ from .. import launch
 from ..units import parse_size
 from . import example, output
 from .output import write_json
+from .thread_cpu import KINDS, ThreadCpu
 
 STOCK = {"MCALLREDUCE_HOROVOD": "0"}
 MULTICOLOR = {"MCALLREDUCE_ALGORITHM": "multicolor"}
@@ -88,6 +90,22 @@ def table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def cpu_table(rows: List[dict]) -> str:
+    """Per arm: the cores each kind of thread kept busy over a whole run (CPU s / wall s), system time apart."""
+    def cores(runs: List[dict], seconds) -> float:
+        return statistics.mean(seconds(c) / c["wall_s"] for c in runs)
+
+    lines = ["| arm | run s | " + " | ".join(f"{k} cores (system)" for k in KINDS) + " | machine busy | machine idle |",
+             "|---|---:|" + "---:|" * (len(KINDS) + 2)]
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        runs = [r["cpu"] for r in rows if r["arm"] == arm]
+        cells = [f"{cores(runs, lambda c: c['threads'][k]['user_s'] + c['threads'][k]['system_s']):.2f} "
+                 f"({cores(runs, lambda c: c['threads'][k]['system_s']):.2f})" for k in KINDS]
+        cells += [f"{cores(runs, lambda c: c['machine'][m]):.2f}" for m in ("busy_s", "idle_s")]
+        lines.append(f"| {arm} | {statistics.mean(c['wall_s'] for c in runs):.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(rows: List[dict], path: str) -> None:
     """Per arm: mean seconds per step of each part (stacked), img/s on top."""
     plt = output.pyplot()
@@ -129,6 +147,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     parser.add_argument("-x", dest="env", action="append", default=[], metavar="NAME=VALUE",
                         help="exported to every arm's ranks, as mpirun -x (an arm's own variables win); repeatable")
+    parser.add_argument("--cpu-by-thread", action="store_true",
+                        help="sample every thread's CPU from /proc during each run (bench/thread_cpu.py)")
     parser.add_argument("--json", help="write the runs and the table here")
     parser.add_argument("--plot", help="write a PNG of the step split here")
     parser.add_argument("example_args", nargs=argparse.REMAINDER, help="-- then the example's arguments")
@@ -172,17 +192,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for arm in (arms if round_ % 2 == 0 else arms[::-1]):    # neither arm always first
                 data, env = ARMS[arm]
                 dirs = folders if data == "folder" else stores
+                sampler = ThreadCpu(str(example.EXAMPLE)) if ns.cpu_by_thread else None
+                if sampler:
+                    sampler.start()
                 metrics = example.train(["--data", data, "--train-dir", dirs["train"], "--val-dir", dirs["val"],
                                          "--epochs", ns.epochs, *ns.example_args],
                                         os.path.join(tmp, f"{arm}-{round_}"), {**extra_env, **env}, cluster=cluster,
                                         timeout=ns.timeout)
                 row = summarise(arm, metrics, round_ + 1)
+                if sampler:
+                    row["cpu"] = sampler.stop()
                 rows.append(row)
                 if ns.json:     # after every run: a failure later keeps what was measured
                     write_json(ns.json, record(argv, config, per_host, rows))
                 print(f"round {round_ + 1} {arm}: {row['images_per_s']:.2f} img/s, epoch {row['epoch_s']:.1f} s, "
                       + ", ".join(f"{p} {100 * s:.0f}%" for p, s in row["shares"].items()), flush=True)
     text = table(rows)
+    if ns.cpu_by_thread:
+        text += "\n\n" + cpu_table(rows)
     print(text)
     if ns.json:
         write_json(ns.json, {**record(argv, config, per_host, rows), "table": text})

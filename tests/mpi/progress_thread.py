@@ -1,5 +1,6 @@
 """Background progress thread: allreduces complete while the main thread computes, and an
 idle thread leaves the cores alone (it sleeps instead of polling MPI)."""
+import os
 import resource
 import sys
 import time
@@ -8,6 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 import mcallreduce
+from mcallreduce.engine import PROGRESS_THREAD_OS_NAME
 from mcallreduce.runtime import start_progress_thread
 
 comm = MPI.COMM_WORLD
@@ -25,6 +27,18 @@ finished_alone = all(h.done for h in handles)
 for h in reversed(handles):
     h.wait()
 ok = finished_alone and all(np.all(b == size * (size + 1) / 2) for b in bufs)
+
+
+def os_thread_names() -> list:
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            names.append(f.read().strip())
+    return names
+
+
+# ps -L and top -H tell the thread's CPU apart from the training's
+ok = ok and os_thread_names().count(PROGRESS_THREAD_OS_NAME) == 1
 # errors still reach every rank in thread mode
 try:
     mcallreduce.allreduce(np.ones(10 + rank, np.float32))
