@@ -15,8 +15,8 @@ JOB = textwrap.dedent("""
     def burn(seconds, name=None):
         if name:
             _name_os_thread(name)
-        end = time.process_time() + seconds if name is None else time.thread_time() + seconds
-        clock = time.process_time if name is None else time.thread_time
+        clock = time.thread_time if name else time.process_time
+        end = clock() + seconds
         while clock() < end:
             pass
 
