@@ -16,7 +16,7 @@ import pytest
 
 from mcallreduce.config import ConfigError
 from mcallreduce.units import parse_rate
-from mcallreduce.bench.cluster import Cluster, main
+from mcallreduce.bench.cluster import Cluster, ClusterConfig, main
 from mcallreduce.bench.netns import ClusterError, links, namespaces, tbf_options
 from mcallreduce.bench.cluster_measure import measure_tcp, parse_size
 
@@ -46,7 +46,11 @@ def cli(*args, prefix=PREFIX, timeout=120):
 
 
 def leftovers(prefix):
-    return [n for n in namespaces() + links() if n.startswith(prefix + "-")]
+    """Namespaces, links, cpu cgroups and mounts named after the cluster."""
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if f"/{prefix}/" in line.split()[1]]
+    named = [n for n in namespaces() + links() if n.startswith(prefix + "-")]
+    return named + Cluster(prefix).cpu_budget.mine() + mounts
 
 
 # ---------------------------------------------------------------- no root needed
@@ -65,6 +69,14 @@ def test_rates_and_tbf_burst():
 def test_bad_prefix_is_refused():
     with pytest.raises(ClusterError, match="bad prefix"):
         Cluster("this-is-far-too-long")
+
+
+def test_a_cpu_budget_out_of_range_is_refused_before_anything_is_made():
+    ClusterConfig(2, cpus_per_host=0.5, cpu_period_ms=100).validate()
+    for cpus, period, match in ((0, 10, "--cpus-per-host"), (os.cpu_count() + 1, 10, "--cpus-per-host"),
+                                (0.5, 0.1, "--cpu-period-ms"), (0.5, 5000, "--cpu-period-ms")):
+        with pytest.raises(ClusterError, match=match):
+            ClusterConfig(2, cpus_per_host=cpus, cpu_period_ms=period).validate()
 
 
 def test_non_root_gets_a_clear_error(capsys):
@@ -179,6 +191,59 @@ def test_up_is_idempotent_and_changes_rate_and_slots_in_place(cluster, tmp_path)
         cluster.up(2, rate="200mbit")
 
 
+BURN_JOB = textwrap.dedent("""
+    import os, threading, time
+    from mpi4py import MPI
+
+    def burn(seconds=1.5):
+        start = time.monotonic()
+        while time.monotonic() - start < seconds:
+            pass
+
+    cgroup = next(line.split(":", 2)[2].strip() for line in open("/proc/self/cgroup")
+                  if "cpu" in line.split(":")[1].split(","))
+    before, start = os.times(), time.monotonic()
+    child = os.fork()
+    if child == 0:      # a DataLoader worker, as it were
+        burn()
+        os._exit(0)
+    thread = threading.Thread(target=burn)
+    thread.start()
+    burn()
+    thread.join()
+    os.waitpid(child, 0)
+    after, wall = os.times(), time.monotonic() - start
+    cores = (sum(after[:4]) - sum(before[:4])) / wall   # user + system, own and the child's
+    rows = MPI.COMM_WORLD.gather(f"{MPI.COMM_WORLD.rank} {cgroup} {cores:.3f}")
+    if MPI.COMM_WORLD.rank == 0:
+        print("\\n".join(rows), flush=True)
+""")
+
+
+@needs_cluster
+def test_a_cpu_budget_per_host_caps_a_rank_with_its_threads_and_children(cluster, tmp_path):
+    if cluster.cpu_budget.hierarchy is None:
+        pytest.skip("no cgroup cpu controller is mounted")
+    script = tmp_path / "burn.py"
+    script.write_text(BURN_JOB)
+    try:
+        proc = cli("up", "--hosts", "2", "--rate", "200mbit", "--cpus-per-host", "0.25")
+        assert proc.returncode == 0, proc.stderr
+        assert cli("status").stdout.count("cpu 0.25") == 2
+        out = cluster.run([sys.executable, str(script)], timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        rows = sorted(line.split() for line in out.stdout.splitlines() if line.strip())
+        assert [(r[0], r[1]) for r in rows] == [("0", f"/{PREFIX}-h0"), ("1", f"/{PREFIX}-h1")], rows
+        # three busy loops (main thread, a thread, a forked child) get a quarter of a core together
+        assert all(0.15 < float(r[2]) < 0.35 for r in rows), rows
+    finally:
+        cluster.up(2, rate="200mbit")
+    assert cluster.cpu_budget.mine() == [] and "cpu " not in cli("status").stdout
+    rows = sorted(line.split() for line in cluster.run([sys.executable, str(script)], timeout=120).stdout.splitlines())
+    assert len(rows) == 2 and not any(PREFIX in r[1] for r in rows), rows
+    assert all(float(r[2]) > 0.6 for r in rows), rows     # the shared machine again: about a core each
+
+
 @needs_cluster
 def test_shaping_holds_raw_tcp_near_the_rate(cluster):
     mbs = measure_tcp(cluster, 0, 1, rail=0, seconds=1.0)
@@ -236,6 +301,12 @@ def test_two_rails_up_then_down_removes_everything():
         assert "default" not in routes
         state = json.loads((Cluster(prefix).state_path).read_text())
         assert state["rails"] == 2 and state["rate"] == "300mbit"
+        if Cluster(prefix).cpu_budget.hierarchy is not None:   # down must unmount and remove the budget too
+            assert cli("up", "--hosts", "2", "--rails", "2", "--rate", "300mbit", "--cpus-per-host", "0.5",
+                       prefix=prefix).returncode == 0
+            budget = Cluster(prefix).cpu_budget
+            assert budget.mine() == [f"{prefix}-h0", f"{prefix}-h1"]
+            assert [str(budget.mount_point(h)) for h in (0, 1)] == leftovers(prefix)[-2:]
     finally:
         proc = cli("down", prefix=prefix)
     assert proc.returncode == 0, proc.stderr

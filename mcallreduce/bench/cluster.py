@@ -1,6 +1,7 @@
 """An emulated multi-host cluster on one Linux machine: one network namespace per host.
 
-    python -m mcallreduce.bench.cluster up --hosts 4 --rate 200mbit [--ranks-per-host R] [--rails 1|2]
+    python -m mcallreduce.bench.cluster up --hosts 4 --rate 200mbit [--ranks-per-host R] [--rails 1|2] \\
+        [--cpus-per-host C]
     python -m mcallreduce.bench.cluster status
     python -m mcallreduce.bench.cluster run [-np N] [-x NAME=VALUE] -- python my_job.py
     python -m mcallreduce.bench.cluster check                  # raw TCP MB/s vs the rate
@@ -14,6 +15,7 @@ Both ends carry a tc tbf qdisc, so a host sends and receives at most ``rate`` pe
 runs in namespace ``<prefix>-head`` (an unshaped port on rail 0) and starts its daemons through
 a generated rsh agent that runs them under ``ip netns exec <host namespace>``, with the
 namespace name as hostname (a UTS namespace: Open MPI keys shared memory by hostname).
+With ``--cpus-per-host C`` each host's processes are also capped at C cores (bench/cluster_cpu.py).
 The bridges have no real interface and no address, and no namespace has a default route:
 nothing leaves the machine. Everything is found by its name prefix, so ``down`` also cleans up after a crash.
 The topology and the measured numbers are in docs/cluster.md.
@@ -26,6 +28,7 @@ from typing import Optional, Sequence
 
 from mcallreduce import launch
 from mcallreduce.errors import ConfigError
+from mcallreduce.bench.cluster_cpu import DEFAULT_CPU_PERIOD_MS
 from mcallreduce.bench.cluster_hosts import ClusterHosts
 from mcallreduce.bench.cluster_jobs import ClusterJobs
 from mcallreduce.bench.cluster_state import DEFAULT_PREFIX, DEFAULT_SUBNET, ClusterConfig
@@ -56,6 +59,12 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     p_up.add_argument("--ranks-per-host", type=int, default=1)
     p_up.add_argument("--rails", type=int, choices=(1, 2), default=1)
     p_up.add_argument("--subnet", default=DEFAULT_SUBNET, help="private range, one /24 per rail")
+    p_up.add_argument("--cpus-per-host", type=float, default=None, metavar="C",
+                      help="cap each host's processes at C cores, a cgroup per host (default: the hosts "
+                           "share the machine's cores)")
+    p_up.add_argument("--cpu-period-ms", type=float, default=DEFAULT_CPU_PERIOD_MS, metavar="MS",
+                      help="with --cpus-per-host: the period over which the cap holds (default %(default)g; "
+                           "a host that spent its share stops until the period ends)")
     sub.add_parser("status", help="hosts, addresses, qdisc rates, up or not")
     sub.add_parser("down", help="remove everything named <prefix>-*")
     p_run = sub.add_parser("run", help="run an MPI job across the hosts: run [-np N] -- cmd ...")
@@ -84,7 +93,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     try:
         cluster = Cluster(ns.prefix)
         if ns.action == "up":
-            cluster.up(ns.hosts, ns.rate, ns.ranks_per_host, ns.rails, ns.subnet)
+            cluster.up(ns.hosts, ns.rate, ns.ranks_per_host, ns.rails, ns.subnet, ns.cpus_per_host, ns.cpu_period_ms)
             print(cluster.status_text(), end="")
         elif ns.action == "status":
             require_root()

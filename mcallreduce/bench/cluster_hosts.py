@@ -11,6 +11,7 @@ from dataclasses import asdict
 from typing import Optional
 
 from mcallreduce.units import parse_rate
+from mcallreduce.bench.cluster_cpu import DEFAULT_CPU_PERIOD_MS
 from mcallreduce.bench.cluster_jobs import kill_processes_in, write_launch_scripts
 from mcallreduce.bench.cluster_state import DEFAULT_SUBNET, ClusterConfig, ClusterState
 from mcallreduce.bench.netns import (ClusterError, links, namespaces, require_root, root_namespace_networks, say, sh,
@@ -24,10 +25,13 @@ class ClusterHosts(ClusterState):
     """Creating, removing and reporting the namespaces and links of a cluster."""
 
     def up(self, hosts: int, rate: str = "200mbit", ranks_per_host: int = 1, rails: int = 1,
-           subnet: str = DEFAULT_SUBNET) -> ClusterConfig:
-        """Create (or converge to) the cluster; a no-op when it is already up as asked."""
+           subnet: str = DEFAULT_SUBNET, cpus_per_host: Optional[float] = None,
+           cpu_period_ms: float = DEFAULT_CPU_PERIOD_MS) -> ClusterConfig:
+        """Create (or converge to) the cluster; a no-op when it is already up as asked.
+        ``cpus_per_host``: cap each host's processes at that many cores per ``cpu_period_ms``
+        (None: they share the machine's)."""
         require_root()
-        cfg = ClusterConfig(hosts, rate, ranks_per_host, rails, subnet)
+        cfg = ClusterConfig(hosts, rate, ranks_per_host, rails, subnet, cpus_per_host, cpu_period_ms)
         cfg.validate()
         old = self.config()
         leftovers = self._mine(namespaces()) or self._mine(links())
@@ -38,7 +42,8 @@ class ClusterHosts(ClusterState):
             say(f"found leftovers of '{self.prefix}' without state (a crash?): removing them first")
             self.down()
         self._check_no_overlap(cfg)
-        say(f"up: {hosts} hosts x {rails} rail(s) at {rate}, {ranks_per_host} rank(s) per host")
+        budget = "" if cpus_per_host is None else f", {cpus_per_host:g} core(s) each per {cpu_period_ms:g} ms"
+        say(f"up: {hosts} hosts x {rails} rail(s) at {rate}, {ranks_per_host} rank(s) per host{budget}")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         have_links = set(links())
         for rail in range(rails):
@@ -53,6 +58,10 @@ class ClusterHosts(ClusterState):
             for rail in range(rails):
                 self._ensure_nic(self.host_ns(host), self.host_port(host, rail), f"eth{rail}",
                                  self.bridge(rail), cfg.host_address(host, rail), tbf)
+        if cpus_per_host is None:
+            self.cpu_budget.remove()
+        else:
+            self.cpu_budget.apply(hosts, cpus_per_host, cpu_period_ms)
         write_launch_scripts(self, cfg)
         write_text(self.state_path, json.dumps(asdict(cfg), indent=1) + "\n", mode=0o644)
         say(f"up: done; mpirun runs in {self.head_ns} ({cfg.head_address()})")
@@ -94,6 +103,11 @@ class ClusterHosts(ClusterState):
         for ns in my_namespaces:
             if sh("ip", "netns", "del", ns, check=False).returncode == 0:
                 removed.append(f"namespace {ns}")
+        try:
+            removed += [f"cpu cgroup {name}" for name in self.cpu_budget.remove()]
+        except ClusterError as err:     # the state stays: a recursive removal must not reach a mounted cgroup
+            say(f"{err}; run down again once it has exited")
+            return removed
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)
             removed.append(f"state {self.state_dir}")
@@ -109,7 +123,10 @@ class ClusterHosts(ClusterState):
         problems = self.problems()
         lines = [f"cluster '{self.prefix}': {'up' if not problems else 'BROKEN (run up again)'}: "
                  f"{cfg.hosts} hosts x {cfg.rails} rail(s), rate {cfg.rate} per direction, "
-                 f"{cfg.ranks_per_host} rank(s) per host; state {self.state_path}"]
+                 f"{cfg.ranks_per_host} rank(s) per host, "
+                 + ("shared cores" if cfg.cpus_per_host is None else
+                    f"{cfg.cpus_per_host:g} core(s) per host (per {cfg.cpu_period_ms:g} ms)") + "; "
+                 f"state {self.state_path}"]
         lines += [f"  missing: {p}" for p in problems]
         lines.append(f"  head  {self.head_ns:<12} eth0 {cfg.head_address():<15} (mpirun runs here, unshaped)")
         for host in range(cfg.hosts):
@@ -117,8 +134,10 @@ class ClusterHosts(ClusterState):
                 ns, nic = self.host_ns(host), f"eth{rail}"
                 out_rate = _tbf_rate(["-n", ns, "qdisc", "show", "dev", nic])
                 in_rate = _tbf_rate(["qdisc", "show", "dev", self.host_port(host, rail)])
+                limit = self.cpu_budget.limit(host) if rail == 0 else None
+                cpu = "" if limit is None else f", cpu {limit[0]:g} per {limit[1]:g} ms"
                 lines.append(f"  host{host:<2} {ns:<12} {nic} {cfg.host_address(host, rail):<15} "
-                             f"send {out_rate}, receive {in_rate}")
+                             f"send {out_rate}, receive {in_rate}{cpu}")
         return "\n".join(lines) + "\n"
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from mcallreduce.units import parse_rate
+from mcallreduce.bench.cluster_cpu import DEFAULT_CPU_PERIOD_MS, HostCpuBudget
 from mcallreduce.bench.netns import ClusterError, links, namespaces
 
 __all__ = ["ClusterConfig", "ClusterState", "DEFAULT_PREFIX", "DEFAULT_SUBNET", "STATE_ROOT"]
@@ -32,6 +33,8 @@ class ClusterConfig:
     ranks_per_host: int = 1
     rails: int = 1
     subnet: str = DEFAULT_SUBNET
+    cpus_per_host: Optional[float] = None   # None: the hosts share the machine's cores
+    cpu_period_ms: float = DEFAULT_CPU_PERIOD_MS
 
     def validate(self) -> None:
         if not 1 <= self.hosts <= MAX_HOSTS:
@@ -40,6 +43,11 @@ class ClusterConfig:
             raise ClusterError(f"--rails must be 1 or 2, got {self.rails}")
         if self.ranks_per_host < 1:
             raise ClusterError(f"--ranks-per-host must be >= 1, got {self.ranks_per_host}")
+        if self.cpus_per_host is not None and not 0.01 <= self.cpus_per_host <= (os.cpu_count() or 1):
+            raise ClusterError(f"--cpus-per-host must be 0.01..{os.cpu_count()} (this machine's cores), "
+                               f"got {self.cpus_per_host:g}")
+        if not 1 <= self.cpu_period_ms <= 1000:
+            raise ClusterError(f"--cpu-period-ms must be 1..1000, got {self.cpu_period_ms:g}")
         parse_rate(self.rate)
         net = ipaddress.ip_network(self.subnet)
         if net.prefixlen > 24 - (self.rails > 1) or not net.is_private:
@@ -70,6 +78,11 @@ class ClusterState:
         self.state_path = self.state_dir / "state.json"
         self.agent_path = self.state_dir / "rsh-agent.sh"
         self.ssh_dir = self.state_dir / "ssh"   # an ``ssh`` for horovodrun --gloo (run(gloo=True))
+
+    @property
+    def cpu_budget(self) -> HostCpuBudget:
+        """The hosts' cgroups of ``up --cpus-per-host``."""
+        return HostCpuBudget(self.prefix, self.state_dir)
 
     # names: everything this cluster creates starts with "<prefix>-"
     def host_ns(self, host: int) -> str:
@@ -122,6 +135,10 @@ class ClusterState:
         missing += [f"link {n}" for n in wanted_links if n not in have_links]
         if not self.agent_path.exists():
             missing.append(f"rsh agent {self.agent_path}")
+        if cfg.cpus_per_host is not None:
+            budget = self.cpu_budget
+            missing += [f"cpu cgroup of host {i}" for i in range(cfg.hosts)
+                        if budget.cores(i) is None or not os.path.ismount(budget.mount_point(i))]
         return missing
 
     def is_up(self) -> bool:

@@ -18,7 +18,7 @@ exceeds its RAM. The memory arms open the tree packed once (``TREE.train.mcstore
 ``TREE.val.mcstore``, on the system disk): their one-time load is not what is measured. With
 ``--cpu-by-thread`` every run also reports the cores each kind of thread used (bench/thread_cpu.py).
 
-    python -m mcallreduce.bench.cluster up --hosts 4 --rate 200mbit
+    python -m mcallreduce.bench.cluster up --hosts 4 --rate 200mbit [--cpus-per-host 0.5]
     python -m mcallreduce.bench e2e --tree /var/tmp/imagenet-like --read-limit 2M --runs 2 \\
         --json docs/data/e2e-4h200m.json --plot docs/img/e2e-4h200m.png -- --arch resnet18 --image-size 64
 """
@@ -129,7 +129,9 @@ def plot(rows: List[dict], path: str) -> None:
 
 def record(argv, config, per_host: int, rows: List[dict]) -> dict:
     return {"argv": ["python", "-m", "mcallreduce.bench", "e2e", *(argv or sys.argv[2:])], "hosts": config.hosts,
-            "ranks_per_host": config.ranks_per_host, "read_limit_per_host": per_host, "runs": rows}
+            "ranks_per_host": config.ranks_per_host, "rate": config.rate, "cpus_per_host": config.cpus_per_host,
+            "cpu_period_ms": config.cpu_period_ms if config.cpus_per_host is not None else None,
+            "read_limit_per_host": per_host, "runs": rows}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -178,7 +180,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with contextlib.ExitStack() as stack:
         if per_host:     # the tree on a disk of its own, so the limit touches its reads only
             disk_tree = stack.enter_context(LoopDisk(tree))
-            stack.enter_context(ReadThrottle(disk_tree)).set(ReadLimit(bps=per_host * config.hosts))
+            throttle = ReadThrottle(disk_tree)
+            if throttle.version == 2 and config.cpus_per_host is not None and cluster.cpu_budget.hierarchy.version == 2:
+                parser.error("--read-limit needs the ranks in the bench's io cgroup, and on cgroup v2 the hosts' "
+                             "CPU budget (cluster up --cpus-per-host) moves them out of it: use one of the two")
+            stack.enter_context(throttle).set(ReadLimit(bps=per_host * config.hosts))
         else:
             disk_tree = tree
         folders = {split: os.path.join(disk_tree, split) for split in ("train", "val")}

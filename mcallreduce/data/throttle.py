@@ -26,14 +26,13 @@ import tempfile
 from dataclasses import dataclass
 from typing import List, Optional
 
+from ..cgroups import find_hierarchy, write
 from ..errors import ConfigError
 from ..units import parse_size
 
 __all__ = ["LoopDisk", "ReadLimit", "ReadThrottle", "ThrottleError", "block_device", "drop_page_cache",
            "parse_read_limits"]
 
-V1_ROOT = "/sys/fs/cgroup/blkio"
-V2_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
 PREFIX = "mcallreduce-read-"
 
 
@@ -111,21 +110,6 @@ def drop_page_cache(paths) -> None:
             os.close(fd)
 
 
-def _own_cgroup(controller: Optional[str]) -> str:
-    """This process's cgroup path in the v1 hierarchy of ``controller`` (None: the v2 one)."""
-    with open("/proc/self/cgroup") as f:
-        for line in f:
-            _, names, path = line.rstrip("\n").split(":", 2)
-            if (controller is None and names == "") or (controller and controller in names.split(",")):
-                return path
-    raise ThrottleError(f"this process is in no {'cgroup v2' if controller is None else controller} hierarchy")
-
-
-def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-
-
 class ReadThrottle:
     """Limit this process's block reads from the disk under ``path``; ``set(limit)`` changes the limit."""
 
@@ -136,39 +120,34 @@ class ReadThrottle:
         self.device = block_device(path)
         self.cgroup: Optional[str] = None
         self.home: Optional[str] = None
-        if os.path.exists(os.path.join(V1_ROOT, "blkio.throttle.read_bps_device")):
-            self.version, self.root = 1, V1_ROOT
-        else:
-            roots = [r for r in V2_ROOTS if _has_v2_io(r)]
-            if not roots:
-                raise ThrottleError("no blkio (cgroup v1) or io (cgroup v2) controller is mounted: reads "
-                                    "cannot be limited on this machine")
-            self.version, self.root = 2, roots[0]
+        hierarchy = find_hierarchy("io", "blkio", "blkio.throttle.read_bps_device")
+        if hierarchy is None:
+            raise ThrottleError("no blkio (cgroup v1) or io (cgroup v2) controller is mounted: reads "
+                                "cannot be limited on this machine")
+        self.hierarchy = hierarchy
+        self.version, self.root = hierarchy.version, hierarchy.root
 
     def __enter__(self) -> "ReadThrottle":
         self._remove_stale()
-        self.home = os.path.join(self.root, _own_cgroup("blkio" if self.version == 1 else None).lstrip("/"))
-        self.cgroup = os.path.join(self.root, f"{PREFIX}{os.getpid()}")
-        os.makedirs(self.cgroup, exist_ok=True)
-        if self.version == 2:
-            _write(os.path.join(self.root, "cgroup.subtree_control"), "+io")
-        _write(os.path.join(self.cgroup, "cgroup.procs"), str(os.getpid()))
+        self.home = self.hierarchy.own()
+        self.cgroup = self.hierarchy.ensure(f"{PREFIX}{os.getpid()}")
+        self.hierarchy.move(os.getpid(), self.cgroup)
         return self
 
     def set(self, limit: Optional[ReadLimit]) -> None:
         """Apply ``limit`` (None or ReadLimit() lifts it) from the next block read on."""
         limit = limit or ReadLimit()
         if self.version == 1:
-            _write(os.path.join(self.cgroup, "blkio.throttle.read_bps_device"), f"{self.device} {limit.bps}")
-            _write(os.path.join(self.cgroup, "blkio.throttle.read_iops_device"), f"{self.device} {limit.iops}")
+            write(os.path.join(self.cgroup, "blkio.throttle.read_bps_device"), f"{self.device} {limit.bps}")
+            write(os.path.join(self.cgroup, "blkio.throttle.read_iops_device"), f"{self.device} {limit.iops}")
         else:
-            _write(os.path.join(self.cgroup, "io.max"), f"{self.device} rbps={limit.bps or 'max'} "
-                                                         f"riops={limit.iops or 'max'}")
+            write(os.path.join(self.cgroup, "io.max"), f"{self.device} rbps={limit.bps or 'max'} "
+                                                        f"riops={limit.iops or 'max'}")
 
     def __exit__(self, *exc) -> None:
         if self.cgroup is None:
             return
-        _write(os.path.join(self.home, "cgroup.procs"), str(os.getpid()))
+        self.hierarchy.move(os.getpid(), self.home)
         os.rmdir(self.cgroup)   # empty now; the rules go with it
         self.cgroup = None
 
@@ -181,14 +160,6 @@ class ReadThrottle:
                     os.rmdir(os.path.join(self.root, name))
                 except OSError:
                     pass   # still has members (a child that outlived it): leave it
-
-
-def _has_v2_io(root: str) -> bool:
-    try:
-        with open(os.path.join(root, "cgroup.controllers")) as f:
-            return "io" in f.read().split()
-    except OSError:
-        return False
 
 
 class LoopDisk:

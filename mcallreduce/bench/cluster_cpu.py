@@ -1,0 +1,123 @@
+"""A CPU budget per emulated host: one cgroup per host namespace, capped at ``cpus`` cores.
+
+Without it the emulated hosts share the machine's cores, so one host's waiting (a rank polling
+MPI) takes CPU from the ranks of *other* hosts, which separate machines never do
+(docs/cluster.md, "A CPU budget per host"). The cgroups are named like the namespaces
+(``<prefix>-h<i>``) in the ``cpu`` hierarchy (cgroup v1, or the v2 unified one). The rsh agent
+moves every daemon it starts into its host's cgroup before anything else runs, so the
+ranks and every process they start (DataLoader workers) stay inside it.
+
+``ip netns exec`` mounts a fresh ``/sys`` without the cgroup hierarchies, so each host's
+cgroup is also bind-mounted under the cluster's state directory (``cpu-h<i>``), where the
+agent, running in mpirun's namespace, can still reach it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Tuple
+
+from mcallreduce.cgroups import Hierarchy, find_hierarchy, write
+from mcallreduce.bench.netns import ClusterError, sh
+
+__all__ = ["DEFAULT_CPU_PERIOD_MS", "HostCpuBudget"]
+
+# Short, so a host that spent its quota is stopped for milliseconds, not for the kernel's 100 ms.
+DEFAULT_CPU_PERIOD_MS = 10.0
+
+
+def _cpu_hierarchy() -> Optional[Hierarchy]:
+    return find_hierarchy("cpu", "cpu", "cpu.cfs_quota_us")
+
+
+class HostCpuBudget:
+    """The ``cpu`` cgroups of the hosts of cluster ``prefix``, bind-mounted under ``state_dir``."""
+
+    def __init__(self, prefix: str, state_dir: Path):
+        self.prefix = prefix
+        self.state_dir = Path(state_dir)
+        self.hierarchy = _cpu_hierarchy()
+
+    def _require(self) -> Hierarchy:
+        if self.hierarchy is None:
+            raise ClusterError("--cpus-per-host needs the cgroup cpu controller, and neither a cgroup v1 "
+                               "'cpu' hierarchy nor a v2 one offering 'cpu' is mounted on this machine")
+        return self.hierarchy
+
+    def path(self, host: int) -> str:
+        """The host's cgroup directory (it may not exist)."""
+        return self._require().path(f"{self.prefix}-h{host}")
+
+    def mount_point(self, host: int) -> Path:
+        return self.state_dir / f"cpu-h{host}"
+
+    def procs_file(self, host: int) -> str:
+        """Writing a pid here moves that process (and its future children) into the host's budget;
+        the path works inside ``ip netns exec`` too."""
+        return str(self.mount_point(host) / "cgroup.procs")
+
+    def apply(self, hosts: int, cpus: float, period_ms: float = DEFAULT_CPU_PERIOD_MS) -> None:
+        """Create (or update in place) hosts' cgroups, each capped at ``cpus`` cores: a quota of
+        ``cpus x period`` per period."""
+        hierarchy = self._require()
+        period = round(period_ms * 1000)
+        quota = max(1000, round(cpus * period))   # the kernel refuses a quota under 1 ms
+        for host in range(hosts):
+            path = hierarchy.ensure(f"{self.prefix}-h{host}")
+            if hierarchy.version == 1:
+                write(os.path.join(path, "cpu.cfs_period_us"), str(period))
+                write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
+            else:
+                write(os.path.join(path, "cpu.max"), f"{quota} {period}")
+            mount_point = self.mount_point(host)
+            if not os.path.ismount(mount_point):
+                mount_point.mkdir(parents=True, exist_ok=True)
+                sh("mount", "--bind", path, str(mount_point))
+
+    def cores(self, host: int) -> Optional[float]:
+        """The host's cap in cores as the kernel holds it; None when it has no cgroup or no cap."""
+        limit = self.limit(host)
+        return None if limit is None else limit[0]
+
+    def limit(self, host: int) -> Optional[Tuple[float, float]]:
+        """(cores, period in ms) as the kernel holds them; None when the host has no cgroup or no cap."""
+        hierarchy = self.hierarchy
+        if hierarchy is None:
+            return None
+        path = self.path(host)
+        try:
+            if hierarchy.version == 1:
+                with open(os.path.join(path, "cpu.cfs_quota_us")) as f:
+                    quota = int(f.read())
+                with open(os.path.join(path, "cpu.cfs_period_us")) as f:
+                    period = int(f.read())
+            else:
+                with open(os.path.join(path, "cpu.max")) as f:
+                    text_quota, text_period = f.read().split()
+                quota, period = (-1 if text_quota == "max" else int(text_quota)), int(text_period)
+        except OSError:
+            return None
+        return (quota / period, period / 1000) if quota > 0 else None
+
+    def mine(self) -> list[str]:
+        """Every cgroup of this cluster in the cpu hierarchy, whatever its host count was."""
+        if self.hierarchy is None or not os.path.isdir(self.hierarchy.root):
+            return []
+        return sorted(name for name in os.listdir(self.hierarchy.root)
+                      if name.startswith(self.prefix + "-h") and os.path.isdir(self.hierarchy.path(name)))
+
+    def remove(self) -> list[str]:
+        """Unmount and remove every cgroup of this cluster; they must be empty by now."""
+        removed = []
+        for mount_point in sorted(self.state_dir.glob("cpu-h*")):
+            if os.path.ismount(mount_point):
+                sh("umount", str(mount_point))
+            mount_point.rmdir()     # never a recursive removal: it could be a cgroup still
+        for name in self.mine():
+            try:
+                os.rmdir(self._require().path(name))
+                removed.append(name)
+            except OSError as err:
+                raise ClusterError(f"cannot remove cgroup {self._require().path(name)} ({err}): "
+                                   f"a process of the cluster still runs in it") from None
+        return removed

@@ -1,0 +1,80 @@
+"""The kernel's control groups, as far as this package uses them: finding a controller's
+hierarchy (cgroup v1, or the v2 unified one), a process's place in it, and moving processes.
+
+Two users: the read throttle of the data benchmarks (``io``/``blkio``, data/throttle.py) and
+the CPU budget per emulated host (``cpu``, bench/cluster_cpu.py). Both need root.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+__all__ = ["CgroupError", "Hierarchy", "find_hierarchy", "own_cgroup", "write"]
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+V2_ROOTS = (CGROUP_ROOT, os.path.join(CGROUP_ROOT, "unified"))   # unified alone, or beside v1 ("hybrid")
+
+
+class CgroupError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Where a controller's cgroups live: ``root`` of a v1 hierarchy (``version`` 1) or of the v2 one.
+    ``controller`` is its v2 name, ``v1_name`` its v1 one (``io`` was ``blkio``)."""
+    controller: str
+    version: int
+    root: str
+    v1_name: str
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def ensure(self, name: str) -> str:
+        """Create cgroup ``name`` (a child of the root) with the controller enabled; its path."""
+        path = self.path(name)
+        if self.version == 2:
+            write(os.path.join(self.root, "cgroup.subtree_control"), f"+{self.controller}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def move(self, pid: int, name_or_path: str) -> None:
+        """Move process ``pid`` (all its threads) into the cgroup; its future children follow it."""
+        write(os.path.join(self.path(name_or_path), "cgroup.procs"), str(pid))
+
+    def own(self) -> str:
+        """The path of this process's own cgroup in this hierarchy."""
+        return os.path.join(self.root, own_cgroup(self.v1_name if self.version == 1 else None).lstrip("/"))
+
+
+def find_hierarchy(controller: str, v1_name: str, v1_probe: str) -> Optional[Hierarchy]:
+    """The v1 hierarchy ``/sys/fs/cgroup/<v1_name>`` when it has file ``v1_probe``, else the
+    v2 hierarchy when it offers ``controller``, else None (not mounted, or bound elsewhere)."""
+    v1_root = os.path.join(CGROUP_ROOT, v1_name)
+    if os.path.exists(os.path.join(v1_root, v1_probe)):
+        return Hierarchy(controller, 1, v1_root, v1_name)
+    for root in V2_ROOTS:
+        try:
+            with open(os.path.join(root, "cgroup.controllers")) as f:
+                if controller in f.read().split():
+                    return Hierarchy(controller, 2, root, v1_name)
+        except OSError:
+            continue
+    return None
+
+
+def own_cgroup(controller: Optional[str]) -> str:
+    """This process's cgroup path in the v1 hierarchy of ``controller`` (None: the v2 one)."""
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            if (controller is None and names == "") or (controller and controller in names.split(",")):
+                return path
+    raise CgroupError(f"this process is in no {'cgroup v2' if controller is None else controller} hierarchy")
+
+
+def write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
