@@ -68,7 +68,7 @@ class Handle:
 
     def __init__(self, engine: "Engine", seq: int, result: Any):
         self.result, self.seq, self.error = result, seq, None
-        self.name: Optional[str] = None     # what the stall inspector calls it (a Horovod tensor name)
+        self.name: Optional[str] = None     # what the stall inspector calls it ("tensor 'x'", "DDP bucket 0")
         # once finished: (submitted, started, checked, done), time.monotonic() seconds: queued in
         # Python until started, the metadata check until checked, then the reduction itself
         self.times: Optional[Tuple[float, float, float, float]] = None

@@ -1,11 +1,11 @@
 """The stall inspector: calls that wait too long are reported, then failed, as Horovod's are.
 
 A call that has waited ``stall_check_seconds()`` (``MCALLREDUCE_`` or ``HOROVOD_STALL_CHECK_TIME_SECONDS``,
-default 60) is reported once on stderr: its sequence number, tensor name when it has one,
-size, and what it waits for (the metadata check's peer, the schedule, MPI's allreduce), then,
-once per process, where the executor is (the MPI call it is inside, wake-up sends in
-progress) and every Python thread's stack: enough to tell a rank that never started the
-call from one stuck inside MPI. Past
+default 60) is reported once on stderr: its sequence number, what it is when a caller named it
+(a tensor or its metadata check, a DDP bucket), size, and what it waits for (the metadata
+check's peer, the schedule, MPI's allreduce), then, once per process, where the executor is
+(the MPI call it is inside, wake-up sends in progress) and every Python thread's stack: enough
+to tell a rank that never started the call from one stuck inside MPI. Past
 ``stall_shutdown_seconds()`` every call in flight fails with an error instead of waiting
 forever. A peer that shuts down is noticed sooner by its goodbye (native/executor.c).
 
@@ -64,8 +64,8 @@ class StallInspector:
         what, peer = self.engine.native.waiting_on(seq)
         ctx = self.engine.ctx
         who = f", waiting for rank {peer}" if peer >= 0 else ""
-        tensor = f" of tensor '{name}'" if name else ""
-        _say(f"mcallreduce: stall: rank {ctx.rank}'s allreduce #{seq}{tensor} ({nbytes} bytes) has waited "
+        what_call = f"{name}, " if name else ""
+        _say(f"mcallreduce: stall: rank {ctx.rank}'s allreduce #{seq} ({what_call}{nbytes} bytes) has waited "
              f"{waited:.0f} s in {what}{who}. Every rank must start the same allreduces in the same "
              f"order; the ranks that have not started this one cannot be named without a coordinator. "
              f"(MCALLREDUCE_/HOROVOD_STALL_CHECK_TIME_SECONDS sets when this is reported, "

@@ -58,7 +58,7 @@ class MulticolorHookState:
         work, finish = reducible(tensor)
         handle = self._allreduce_async(work, op="average", comm=self.comm, algorithm=self.algorithm,
                                        **self.overrides)
-        handle.name = f"ddp.bucket.{bucket.index()}"
+        handle.name = f"DDP bucket {bucket.index()}"
         future = future_for(handle, tensor, finish)
         if not self.threaded:
             self._drive(handle, bucket.is_last())

@@ -101,8 +101,9 @@ class Router:
             parts = [runtime.allreduce_async(buf, op=op, prescale=prescale, postscale=postscale,
                                              comm=self.comm, out=None if outs is None else outs[i])
                      for i, buf in enumerate(buffers)]
-        for handle in [check] + parts:
-            handle.name = name       # for the stall inspector's report
+        check.name = f"metadata check of tensor '{name}'"     # for the stall inspector's report
+        for part in parts:
+            part.name = f"tensor '{name}'"
         if self.timeline is not None:
             kind = "gradient bucket" if name.startswith("gradient bucket") else "allreduce"
             self.timeline.record(name, kind, check, parts, sum(b.numel() * b.element_size() for b in buffers))

@@ -50,3 +50,13 @@ def test_a_routed_call_waiting_for_a_late_peer_sleeps():
     # test_global_barrier_op failed
     result = mpi_job(2, "late_peer.py", env={**ON, "MCALLREDUCE_PROGRESS_THREAD": "0"}, timeout=120)
     assert result.returncode == 0, explain(result)
+
+
+def test_a_stall_report_names_the_tensor_and_which_of_its_calls_waits():
+    # a routed tensor is two engine calls (its metadata check, then its data), and the report
+    # once gave both the tensor's bare name
+    result = mpi_job(2, "late_peer.py", env={**ON, "MCALLREDUCE_PROGRESS_THREAD": "0",
+                                             "MCALLREDUCE_STALL_CHECK_TIME_SECONDS": "0.3"}, timeout=120)
+    assert result.returncode == 0, explain(result)
+    assert "rank 1's allreduce" in result.stderr and "(metadata check of tensor 'waited', " in result.stderr, \
+        explain(result)
