@@ -64,8 +64,8 @@ class StallInspector:
         what, peer = self.engine.native.waiting_on(seq)
         ctx = self.engine.ctx
         who = f", waiting for rank {peer}" if peer >= 0 else ""
-        what_call = f"{name}, " if name else ""
-        _say(f"mcallreduce: stall: rank {ctx.rank}'s allreduce #{seq} ({what_call}{nbytes} bytes) has waited "
+        call = f"{name}, " if name else ""
+        _say(f"mcallreduce: stall: rank {ctx.rank}'s allreduce #{seq} ({call}{nbytes} bytes) has waited "
              f"{waited:.0f} s in {what}{who}. Every rank must start the same allreduces in the same "
              f"order; the ranks that have not started this one cannot be named without a coordinator. "
              f"(MCALLREDUCE_/HOROVOD_STALL_CHECK_TIME_SECONDS sets when this is reported, "

@@ -50,7 +50,7 @@ def leftovers(prefix):
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
               if f"/{prefix}/" in line.split()[1]]
     named = [n for n in namespaces() + links() if n.startswith(prefix + "-")]
-    return named + Cluster(prefix).cpu_budget.mine() + mounts
+    return named + Cluster(prefix).cpu_budget.cgroup_names() + mounts
 
 
 # ---------------------------------------------------------------- no root needed
@@ -74,7 +74,8 @@ def test_bad_prefix_is_refused():
 def test_a_cpu_budget_out_of_range_is_refused_before_anything_is_made():
     ClusterConfig(2, cpus_per_host=0.5, cpu_period_ms=100).validate()
     for cpus, period, match in ((0, 10, "--cpus-per-host"), (os.cpu_count() + 1, 10, "--cpus-per-host"),
-                                (0.5, 0.1, "--cpu-period-ms"), (0.5, 5000, "--cpu-period-ms")):
+                                (0.5, 0.1, "--cpu-period-ms"), (0.5, 5000, "--cpu-period-ms"),
+                                (0.05, 10, "under 1 ms")):
         with pytest.raises(ClusterError, match=match):
             ClusterConfig(2, cpus_per_host=cpus, cpu_period_ms=period).validate()
 
@@ -200,8 +201,9 @@ BURN_JOB = textwrap.dedent("""
         while time.monotonic() - start < seconds:
             pass
 
-    cgroup = next(line.split(":", 2)[2].strip() for line in open("/proc/self/cgroup")
-                  if "cpu" in line.split(":")[1].split(","))
+    fields = [line.rstrip("\\n").split(":", 2) for line in open("/proc/self/cgroup")]
+    cgroup = next((path for _, names, path in fields if "cpu" in names.split(",")),      # cgroup v1
+                  next(path for _, names, path in fields if names == ""))               # else v2
     before, start = os.times(), time.monotonic()
     child = os.fork()
     if child == 0:      # a DataLoader worker, as it were
@@ -236,12 +238,13 @@ def test_a_cpu_budget_per_host_caps_a_rank_with_its_threads_and_children(cluster
         assert [(r[0], r[1]) for r in rows] == [("0", f"/{PREFIX}-h0"), ("1", f"/{PREFIX}-h1")], rows
         # three busy loops (main thread, a thread, a forked child) get a quarter of a core together
         assert all(0.15 < float(r[2]) < 0.35 for r in rows), rows
+        budgeted = max(float(r[2]) for r in rows)
     finally:
         cluster.up(2, rate="200mbit")
-    assert cluster.cpu_budget.mine() == [] and "cpu " not in cli("status").stdout
+    assert cluster.cpu_budget.cgroup_names() == [] and "cpu " not in cli("status").stdout
     rows = sorted(line.split() for line in cluster.run([sys.executable, str(script)], timeout=120).stdout.splitlines())
     assert len(rows) == 2 and not any(PREFIX in r[1] for r in rows), rows
-    assert all(float(r[2]) > 0.6 for r in rows), rows     # the shared machine again: about a core each
+    assert all(float(r[2]) > 2 * budgeted for r in rows), rows     # the shared machine again
 
 
 @needs_cluster
@@ -305,7 +308,7 @@ def test_two_rails_up_then_down_removes_everything():
             assert cli("up", "--hosts", "2", "--rails", "2", "--rate", "300mbit", "--cpus-per-host", "0.5",
                        prefix=prefix).returncode == 0
             budget = Cluster(prefix).cpu_budget
-            assert budget.mine() == [f"{prefix}-h0", f"{prefix}-h1"]
+            assert budget.cgroup_names() == [f"{prefix}-h0", f"{prefix}-h1"]
             assert [str(budget.mount_point(h)) for h in (0, 1)] == leftovers(prefix)[-2:]
     finally:
         proc = cli("down", prefix=prefix)
@@ -323,6 +326,9 @@ def test_down_after_a_crash_finds_leftovers_by_prefix():
         subprocess.run(["ip", "link", "add", f"{prefix}-br0", "type", "bridge"], check=True)
         subprocess.run(["ip", "link", "add", f"{prefix}-h7r0", "type", "veth", "peer", "name", "eth0",
                         "netns", f"{prefix}-h7"], check=True)
+        budget = Cluster(prefix).cpu_budget
+        if budget.hierarchy is not None:     # a crash also leaves the hosts' cpu cgroups
+            os.makedirs(budget.path(7))
         assert "leftovers" in cli("status", prefix=prefix).stdout
     finally:
         proc = cli("down", prefix=prefix)

@@ -14,6 +14,7 @@ agent, running in mpirun's namespace, can still reach it.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -60,15 +61,20 @@ class HostCpuBudget:
         """Create (or update in place) hosts' cgroups, each capped at ``cpus`` cores: a quota of
         ``cpus x period`` per period."""
         hierarchy = self._require()
-        period = round(period_ms * 1000)
-        quota = max(1000, round(cpus * period))   # the kernel refuses a quota under 1 ms
+        period, quota = round(period_ms * 1000), round(cpus * period_ms * 1000)
         for host in range(hosts):
-            path = hierarchy.ensure(f"{self.prefix}-h{host}")
-            if hierarchy.version == 1:
-                write(os.path.join(path, "cpu.cfs_period_us"), str(period))
-                write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
-            else:
-                write(os.path.join(path, "cpu.max"), f"{quota} {period}")
+            try:
+                path = hierarchy.ensure(f"{self.prefix}-h{host}")
+                if hierarchy.version == 1:
+                    # uncapped while the period changes, so no step is refused for exceeding a parent's cap
+                    write(os.path.join(path, "cpu.cfs_quota_us"), "-1")
+                    write(os.path.join(path, "cpu.cfs_period_us"), str(period))
+                    write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
+                else:
+                    write(os.path.join(path, "cpu.max"), f"{quota} {period}")
+            except OSError as err:
+                raise ClusterError(f"cannot set up the cpu cgroup of host {host} in {hierarchy.root} ({err}); "
+                                   f"inside a container the cgroups may be read-only or delegated elsewhere") from None
             mount_point = self.mount_point(host)
             if not os.path.ismount(mount_point):
                 mount_point.mkdir(parents=True, exist_ok=True)
@@ -99,25 +105,36 @@ class HostCpuBudget:
             return None
         return (quota / period, period / 1000) if quota > 0 else None
 
-    def mine(self) -> list[str]:
+    def cgroup_names(self) -> list[str]:
         """Every cgroup of this cluster in the cpu hierarchy, whatever its host count was."""
         if self.hierarchy is None or not os.path.isdir(self.hierarchy.root):
             return []
         return sorted(name for name in os.listdir(self.hierarchy.root)
                       if name.startswith(self.prefix + "-h") and os.path.isdir(self.hierarchy.path(name)))
 
-    def remove(self) -> list[str]:
-        """Unmount and remove every cgroup of this cluster; they must be empty by now."""
-        removed = []
+    def unmount_and_remove(self, wait_s: float = 5.0) -> list[str]:
+        """Unmount and remove every cgroup of this cluster. Nothing is touched unless all are empty
+        within ``wait_s`` (a killed process leaves its cgroup a moment after its namespace)."""
+        names = self.cgroup_names()
+        deadline = time.monotonic() + wait_s
+        for name in names:
+            while _members(self._require().path(name)):
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"cpu cgroup {self._require().path(name)} still holds processes "
+                                       f"{_members(self._require().path(name))}: stop them, then run down again")
+                time.sleep(0.05)
         for mount_point in sorted(self.state_dir.glob("cpu-h*")):
             if os.path.ismount(mount_point):
                 sh("umount", str(mount_point))
             mount_point.rmdir()     # never a recursive removal: it could be a cgroup still
-        for name in self.mine():
-            try:
-                os.rmdir(self._require().path(name))
-                removed.append(name)
-            except OSError as err:
-                raise ClusterError(f"cannot remove cgroup {self._require().path(name)} ({err}): "
-                                   f"a process of the cluster still runs in it") from None
-        return removed
+        for name in names:
+            os.rmdir(self._require().path(name))
+        return names
+
+
+def _members(path: str) -> list[int]:
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            return [int(pid) for pid in f.read().split()]
+    except FileNotFoundError:
+        return []

@@ -34,7 +34,7 @@ class ClusterHosts(ClusterState):
         cfg = ClusterConfig(hosts, rate, ranks_per_host, rails, subnet, cpus_per_host, cpu_period_ms)
         cfg.validate()
         old = self.config()
-        leftovers = self._mine(namespaces()) or self._mine(links())
+        leftovers = self._mine(namespaces()) or self._mine(links()) or self.cpu_budget.cgroup_names()
         if old is not None and (old.hosts, old.rails, old.subnet) != (hosts, rails, subnet):
             say(f"topology changed ({old.hosts} hosts x {old.rails} rails -> {hosts} x {rails}): rebuilding")
             self.down()
@@ -59,7 +59,7 @@ class ClusterHosts(ClusterState):
                 self._ensure_nic(self.host_ns(host), self.host_port(host, rail), f"eth{rail}",
                                  self.bridge(rail), cfg.host_address(host, rail), tbf)
         if cpus_per_host is None:
-            self.cpu_budget.remove()
+            self.cpu_budget.unmount_and_remove()
         else:
             self.cpu_budget.apply(hosts, cpus_per_host, cpu_period_ms)
         write_launch_scripts(self, cfg)
@@ -103,11 +103,8 @@ class ClusterHosts(ClusterState):
         for ns in my_namespaces:
             if sh("ip", "netns", "del", ns, check=False).returncode == 0:
                 removed.append(f"namespace {ns}")
-        try:
-            removed += [f"cpu cgroup {name}" for name in self.cpu_budget.remove()]
-        except ClusterError as err:     # the state stays: a recursive removal must not reach a mounted cgroup
-            say(f"{err}; run down again once it has exited")
-            return removed
+        # raises with the state left in place: a recursive removal must not reach a mounted cgroup
+        removed += [f"cpu cgroup {name}" for name in self.cpu_budget.unmount_and_remove()]
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)
             removed.append(f"state {self.state_dir}")
@@ -116,7 +113,7 @@ class ClusterHosts(ClusterState):
 
     def status_text(self) -> str:
         cfg = self.config()
-        leftovers = self._mine(namespaces()) + self._mine(links())
+        leftovers = self._mine(namespaces()) + self._mine(links()) + self.cpu_budget.cgroup_names()
         if cfg is None:
             extra = f"; leftovers (run down): {', '.join(leftovers)}" if leftovers else ""
             return f"cluster '{self.prefix}': down{extra}\n"

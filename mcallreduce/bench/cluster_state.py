@@ -48,6 +48,9 @@ class ClusterConfig:
                                f"got {self.cpus_per_host:g}")
         if not 1 <= self.cpu_period_ms <= 1000:
             raise ClusterError(f"--cpu-period-ms must be 1..1000, got {self.cpu_period_ms:g}")
+        if self.cpus_per_host is not None and self.cpus_per_host * self.cpu_period_ms < 1:
+            raise ClusterError(f"--cpus-per-host {self.cpus_per_host:g} is a quota under 1 ms per "
+                               f"{self.cpu_period_ms:g} ms period, which the kernel refuses: raise --cpu-period-ms")
         parse_rate(self.rate)
         net = ipaddress.ip_network(self.subnet)
         if net.prefixlen > 24 - (self.rails > 1) or not net.is_private:
