@@ -80,11 +80,6 @@ class HostCpuBudget:
                 mount_point.mkdir(parents=True, exist_ok=True)
                 sh("mount", "--bind", path, str(mount_point))
 
-    def cores(self, host: int) -> Optional[float]:
-        """The host's cap in cores as the kernel holds it; None when it has no cgroup or no cap."""
-        limit = self.limit(host)
-        return None if limit is None else limit[0]
-
     def limit(self, host: int) -> Optional[Tuple[float, float]]:
         """(cores, period in ms) as the kernel holds them; None when the host has no cgroup or no cap."""
         hierarchy = self.hierarchy
@@ -116,19 +111,20 @@ class HostCpuBudget:
         """Unmount and remove every cgroup of this cluster. Nothing is touched unless all are empty
         within ``wait_s`` (a killed process leaves its cgroup a moment after its namespace)."""
         names = self.cgroup_names()
+        paths = [self._require().path(name) for name in names]
         deadline = time.monotonic() + wait_s
-        for name in names:
-            while _members(self._require().path(name)):
+        for path in paths:
+            while _members(path):
                 if time.monotonic() > deadline:
-                    raise ClusterError(f"cpu cgroup {self._require().path(name)} still holds processes "
-                                       f"{_members(self._require().path(name))}: stop them, then run down again")
+                    raise ClusterError(f"cpu cgroup {path} still holds processes {_members(path)}: "
+                                       f"stop them, then run down again")
                 time.sleep(0.05)
         for mount_point in sorted(self.state_dir.glob("cpu-h*")):
             if os.path.ismount(mount_point):
                 sh("umount", str(mount_point))
             mount_point.rmdir()     # never a recursive removal: it could be a cgroup still
-        for name in names:
-            os.rmdir(self._require().path(name))
+        for path in paths:
+            os.rmdir(path)
         return names
 
 

@@ -125,13 +125,14 @@ class ClusterHosts(ClusterState):
                     f"{cfg.cpus_per_host:g} core(s) per host (per {cfg.cpu_period_ms:g} ms)") + "; "
                  f"state {self.state_path}"]
         lines += [f"  missing: {p}" for p in problems]
+        budget = self.cpu_budget
         lines.append(f"  head  {self.head_ns:<12} eth0 {cfg.head_address():<15} (mpirun runs here, unshaped)")
         for host in range(cfg.hosts):
             for rail in range(cfg.rails):
                 ns, nic = self.host_ns(host), f"eth{rail}"
                 out_rate = _tbf_rate(["-n", ns, "qdisc", "show", "dev", nic])
                 in_rate = _tbf_rate(["qdisc", "show", "dev", self.host_port(host, rail)])
-                limit = self.cpu_budget.limit(host) if rail == 0 else None
+                limit = budget.limit(host) if rail == 0 else None
                 cpu = "" if limit is None else f", cpu {limit[0]:g} per {limit[1]:g} ms"
                 lines.append(f"  host{host:<2} {ns:<12} {nic} {cfg.host_address(host, rail):<15} "
                              f"send {out_rate}, receive {in_rate}{cpu}")

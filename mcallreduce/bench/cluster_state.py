@@ -141,7 +141,7 @@ class ClusterState:
         if cfg.cpus_per_host is not None:
             budget = self.cpu_budget
             missing += [f"cpu cgroup of host {i}" for i in range(cfg.hosts)
-                        if budget.cores(i) is None or not os.path.ismount(budget.mount_point(i))]
+                        if budget.limit(i) is None or not os.path.ismount(budget.mount_point(i))]
         return missing
 
     def is_up(self) -> bool:

@@ -182,7 +182,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             disk_tree = stack.enter_context(LoopDisk(tree))
             throttle = ReadThrottle(disk_tree)
             budget = cluster.cpu_budget.hierarchy if config.cpus_per_host is not None else None
-            if throttle.version == 2 and budget is not None and budget.version == 2:
+            if throttle.hierarchy.version == 2 and budget is not None and budget.version == 2:
                 parser.error("--read-limit needs the ranks in the bench's io cgroup, and on cgroup v2 the hosts' "
                              "CPU budget (cluster up --cpus-per-host) moves them out of it: use one of the two")
             stack.enter_context(throttle).set(ReadLimit(bps=per_host * config.hosts))

@@ -125,7 +125,6 @@ class ReadThrottle:
             raise ThrottleError("no blkio (cgroup v1) or io (cgroup v2) controller is mounted: reads "
                                 "cannot be limited on this machine")
         self.hierarchy = hierarchy
-        self.version, self.root = hierarchy.version, hierarchy.root
 
     def __enter__(self) -> "ReadThrottle":
         self._remove_stale()
@@ -137,7 +136,7 @@ class ReadThrottle:
     def set(self, limit: Optional[ReadLimit]) -> None:
         """Apply ``limit`` (None or ReadLimit() lifts it) from the next block read on."""
         limit = limit or ReadLimit()
-        if self.version == 1:
+        if self.hierarchy.version == 1:
             write(os.path.join(self.cgroup, "blkio.throttle.read_bps_device"), f"{self.device} {limit.bps}")
             write(os.path.join(self.cgroup, "blkio.throttle.read_iops_device"), f"{self.device} {limit.iops}")
         else:
@@ -153,11 +152,11 @@ class ReadThrottle:
 
     def _remove_stale(self) -> None:
         """Cgroups of earlier runs whose process is gone (killed before __exit__)."""
-        for name in os.listdir(self.root):
+        for name in os.listdir(self.hierarchy.root):
             m = re.fullmatch(re.escape(PREFIX) + r"(\d+)", name)
             if m and not os.path.exists(f"/proc/{m.group(1)}"):
                 try:
-                    os.rmdir(os.path.join(self.root, name))
+                    os.rmdir(os.path.join(self.hierarchy.root, name))
                 except OSError:
                     pass   # still has members (a child that outlived it): leave it
 

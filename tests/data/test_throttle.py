@@ -92,7 +92,7 @@ def test_reads_are_limited_and_the_cgroup_removed(tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()
     throttle = ReadThrottle(str(tmp_path))
-    stale = os.path.join(throttle.root, f"{PREFIX}{dead.pid}")
+    stale = os.path.join(throttle.hierarchy.root, f"{PREFIX}{dead.pid}")
     os.makedirs(stale, exist_ok=True)
     with throttle:
         assert not os.path.exists(stale)
