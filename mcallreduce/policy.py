@@ -41,6 +41,9 @@ RING_ROUTE_MAX_HOSTS = 8   # measured up to 8 hosts; beyond, the ring's 2(N-1) h
 # faster up to 256 KiB, slower from 1 MiB (docs/algorithms.md).
 DOUBLING_BYTES = SMALL_BYTES
 DOUBLING_PAIR_BYTES = 256 << 10
+# Across hosts, above the latency regime and up to this size, MPI's own allreduce beat our
+# trees on every cluster measured at both link speeds (docs/algorithms.md, "Defaults by message size").
+MPI_BETWEEN_BYTES = (DOUBLING_BYTES, 64 << 10)
 def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
     if nbytes <= SMALL_BYTES:
         return 1
@@ -129,6 +132,9 @@ def resolve(config: Config, nbytes: int, itemsize: int,
                                     single_copy=single_copy and not one_sync, one_sync=one_sync)
     if config.algorithm == "multicolor" and knobs_unset and hit is None and latency_bound(nbytes, nranks):
         return "doubling", Params(segment=0, depth=config.depth)
+    if (config.algorithm == "multicolor" and knobs_unset and hit is None and mpi_type and len(hosts) > 1
+            and MPI_BETWEEN_BYTES[0] < nbytes <= MPI_BETWEEN_BYTES[1]):
+        return "mpi", Params(depth=config.depth)
     tuned = hit[1] if hit is not None and hit[0] == "multicolor" else None
     if config.hierarchy is not None:
         hierarchical = config.hierarchy

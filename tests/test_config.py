@@ -64,7 +64,14 @@ def test_size_table():
     assert resolve(Config(), 1 << 20, 4, flat4)[0] == "multicolor"
     algo, p = resolve(Config(colors=1), 4 << 10, 4, one_host_two)      # a multicolor knob set: multicolor
     assert (algo, p.colors, p.segment, p.hierarchical) == ("multicolor", 1, 0, True)
-    algo, p = resolve(Config(), 64 << 10, 4, flat4)
+    # across hosts, above the latency regime up to 64 KiB: MPI's own allreduce, where MPI has the type
+    for nbytes in ((16 << 10) + 4, 32 << 10, 64 << 10):
+        assert resolve(Config(), nbytes, 4, flat4)[0] == "mpi"
+        assert resolve(Config(), nbytes, 4, [[0, 1], [2, 3]])[0] == "mpi"
+    assert resolve(Config(), 64 << 10, 4, one_host_two)[0] == "doubling"          # a pair: doubling to 256 KiB
+    assert resolve(Config(), 64 << 10, 4, [[0, 1, 2, 3]])[0] == "multicolor"      # one host: ours
+    assert resolve(Config(), (64 << 10) + 4, 4, flat4)[0] == "multicolor"
+    algo, p = resolve(Config(), 64 << 10, 4, flat4, mpi_type=False)   # float16: our trees
     assert (algo, p.colors, p.segment) == ("multicolor", 2, 0)
     assert resolve(Config(), 4 << 10, 4, [[0]])[0] == "multicolor"   # one rank: nothing to exchange
     algo, p = resolve(Config(), 64 << 20, 4, one_host_two)
@@ -88,7 +95,7 @@ def test_size_table():
     assert p.colors == 2 and p.segment == (60 << 10) // 4   # crosses hosts: eager segments even so
     _, p = resolve(Config(colors=2), 1 << 20, 4, [[0, 1, 2, 3]])
     assert p.colors == 2 and p.segment == 0            # one host, 512 KiB per color: too few to pipeline
-    _, p = resolve(Config(), 64 << 10, 8, flat4)
+    _, p = resolve(Config(), 64 << 10, 8, flat4, mpi_type=False)
     assert p.segment == 0                              # 32 KiB per color: one eager message already
     _, p = resolve(Config(segment_bytes=1 << 20), 64 << 20, 4, flat4)
     assert p.segment == (1 << 20) // 4                 # the variable still wins

@@ -21,24 +21,30 @@ from .model import ClusterModel
 from .mpi_models import ompi_schedule
 from .simulate import simulate
 
-__all__ = ["ALGORITHMS", "predict", "schedule_for", "runtime_params", "CHECK_BYTES"]
+__all__ = ["ALGORITHMS", "predict", "schedule_for", "runtime_choice", "runtime_params", "CHECK_BYTES"]
 
 ALGORITHMS = RUNTIME_ALGORITHMS + ("horovod",)
 CHECK_BYTES = VECTOR_BYTES
 
 
-def runtime_params(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4) -> Params:
+def runtime_choice(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4) -> Tuple[str, Params]:
+    """What the runtime runs when asked for ``algorithm`` at this size, without ``MCALLREDUCE_*``
+    overrides: multicolor may pick doubling or MPI's own allreduce (:func:`mcallreduce.policy.resolve`)."""
     from ..config import Config
     from ..policy import resolve
-    _, params = resolve(Config(algorithm=algorithm), nbytes, itemsize, model.layout())
-    return params
+    return resolve(Config(algorithm=algorithm), nbytes, itemsize, model.layout())
+
+
+def runtime_params(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4) -> Params:
+    return runtime_choice(algorithm, model, nbytes, itemsize)[1]
 
 
 def schedule_for(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,
                  params: Optional[Params] = None) -> Schedule:
     nelem = max(1, nbytes // itemsize)
+    if algorithm in SCHEDULED and params is None:
+        algorithm, params = runtime_choice(algorithm, model, nbytes, itemsize)
     if algorithm in SCHEDULED:
-        params = params or runtime_params(algorithm, model, nbytes, itemsize)
         return build_schedule(algorithm, model.layout(), nelem, params)
     if algorithm in ("mpi", "horovod"):
         return ompi_schedule(model.nranks, nelem, itemsize, 0)
@@ -58,8 +64,11 @@ def _time(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int, param
 def predict(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,
             params: Optional[Params] = None, check: bool = True) -> float:
     """Seconds per allreduce of ``nbytes`` on ``model``, in a sequence of back-to-back calls."""
+    asked = algorithm
+    if algorithm in SCHEDULED and params is None:
+        algorithm, params = runtime_choice(algorithm, model, int(nbytes), itemsize)
     t = _time(algorithm, model, int(nbytes), itemsize, params)
-    if check and algorithm in SCHEDULED and model.nranks > 1:
+    if check and asked in SCHEDULED and model.nranks > 1:   # the runtime checks MPI's allreduce too
         t += _time("mpi", model, CHECK_BYTES, 8, None)
     return t
 
