@@ -254,14 +254,20 @@ def test_shaping_holds_raw_tcp_near_the_rate(cluster):
 
 
 @needs_cluster
-def test_duplex_measures_one_way_and_two_way_streams(cluster):
-    proc = cli("duplex", "--segments", "60K,4K", "--bytes", "2M", "--window", "4")
+def test_duplex_measures_one_way_and_two_way_streams(cluster, tmp_path):
+    out = tmp_path / "duplex.json"
+    proc = cli("duplex", "--segments", "60K,4K", "--bytes", "2M", "--window", "4", "--json", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {int(line.split()[0]): [float(x) for x in line.split()[1:]]
             for line in proc.stdout.splitlines() if line.split() and line.split()[0].isdigit()}
     assert sorted(rows) == [4096, 61440]
     for one, two, ratio in rows.values():
         assert 0 < one < 1.1 * 25.0 and 0 < two < 1.1 * 25.0 and ratio == pytest.approx(two / one, abs=0.01)
+    record = json.loads(out.read_text())   # the same rows, for docs/data
+    assert record["rate"] == "200mbit" and record["bytes_per_direction"] == 2 << 20
+    saved = {(r["segment"], r["both"]): r["MBps_per_direction"] for r in record["rows"]}
+    for seg, (one, two, _) in rows.items():
+        assert saved[(seg, False)] == pytest.approx(one, abs=0.05) and saved[(seg, True)] == pytest.approx(two, abs=0.05)
 
 
 @needs_cluster

@@ -85,6 +85,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     p_dx.add_argument("--segments", default="60K,256K,1M", help="message sizes, e.g. 60K,256K")
     p_dx.add_argument("--bytes", default="32M", help="bytes per direction and size")
     p_dx.add_argument("--window", type=int, default=8, help="messages in flight per direction")
+    p_dx.add_argument("--json", help="also write the rows to this file")
     p_pp = sub.add_parser("pingpong", help="host 0 <-> host 1 latency while the other ranks wait in MPI vs sleep")
     p_pp.add_argument("--size", default="4K", help="message size (default %(default)s)")
     p_pp.add_argument("--count", type=int, default=400, help="timed round trips per case")
@@ -118,7 +119,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
             if ns.action == "pingpong":
                 return cluster_measure.pingpong_main(cluster, ns.size, ns.count, ns.np)
             if ns.action == "duplex":
-                return cluster_measure.duplex_main(cluster, ns.segments, ns.bytes, ns.window)
+                return cluster_measure.duplex_main(cluster, ns.segments, ns.bytes, ns.window, ns.json)
             return cluster_measure.allreduce_main(cluster, ns.sizes, ns.algorithm)
     except (ClusterError, ConfigError) as err:
         print(f"cluster: error: {err}", file=sys.stderr)

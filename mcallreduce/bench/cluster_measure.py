@@ -28,6 +28,7 @@ from typing import List, Optional, Sequence
 from ..mpit import forced_env
 from ..units import parse_size
 from .netns import require_root, say
+from .output import write_json
 
 CHUNK = 1 << 20
 PORT = 5201
@@ -279,8 +280,9 @@ def pingpong_main(cluster, size: str, count: int, np: Optional[int]) -> int:
     return 0
 
 
-def duplex_main(cluster, segments: str, total: str, window: int) -> int:
-    """``cluster duplex``: one-way vs two-way MPI streams between host 0 and host 1."""
+def duplex_main(cluster, segments: str, total: str, window: int, json_path: Optional[str] = None) -> int:
+    """``cluster duplex``: one-way vs two-way MPI streams between host 0 and host 1; with
+    ``json_path``, the rows are also written there."""
     cfg = _two_hosts(cluster)
     if cfg is None:
         return 2
@@ -294,6 +296,9 @@ def duplex_main(cluster, segments: str, total: str, window: int) -> int:
         one = next(r["MBps_per_direction"] for r in rows if r["segment"] == seg and not r["both"])
         two = next(r["MBps_per_direction"] for r in rows if r["segment"] == seg and r["both"])
         print(f"{seg:>9} {one:>13.1f} {two:>15.1f} {two / one:>6.2f}")
+    if json_path:
+        write_json(json_path, {"argv": sys.argv, "rate": cfg.rate, "window": window,
+                               "bytes_per_direction": parse_size(total), "rows": rows})
     return 0
 
 

@@ -14,7 +14,7 @@ on every host) measures, between ranks 0 and 1 on two different hosts (and ranks
 * numpy's in-place add on 4 MiB float32 -> ``gamma`` (seconds per byte);
 * mcallreduce's own engine: a 1-element ring allreduce on the two ranks (metadata check off),
   from which :func:`fit` solves ``overhead`` (CPU seconds per posted step) by bisection so
-  that the simulator reproduces it: the Python engine's cost is measured, not assumed.
+  that the simulator reproduces it: the executor's cost is measured, not assumed.
 
 Ranks not taking part wait in ``Ibarrier`` + sleep, so they do not spin on the shared cores.
 :func:`fit` turns the raw JSON into the dict :func:`mcallreduce.sim.model.emulated` takes.

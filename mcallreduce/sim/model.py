@@ -11,15 +11,15 @@ A :class:`ClusterModel` describes
   nearest NIC) or ``color`` (the step's color c uses NIC c mod nics, BG/Q-style);
 * an intra-host link per rank (``intra_Bps`` per direction, ``intra_alpha``):
   shared memory on the emulated cluster, NVLink on a Minsky node;
-* ``overhead``: CPU time the rank spends per step it posts (our Python engine:
-  Isend/Irecv through mpi4py, completion bookkeeping), and ``gamma`` seconds per
+* ``overhead``: CPU time the rank spends per step it posts (the compiled executor:
+  posting Isend/Irecv, completion and dependency bookkeeping), and ``gamma`` seconds per
   byte of a REDUCE, both executed on the rank's own CPU thread;
 * ``cores``: when set, all ranks of the machine share that many cores (the emulated
   cluster: every "host" runs on the same 2 cores); None = every rank has its own.
   How they share them is ``polling``: False, a rank waiting for a message sleeps and
   ranks queue for the cores only while they have work (FIFO); True, a waiting rank
-  polls (MPI's progress loop: Waitsome spins, with ``mpi_yield_when_idle`` it yields
-  but stays runnable), so every rank competes for the cores all the time and, with more
+  polls (the executor polls for its first millisecond of a wait, MPI's own progress loop
+  for all of it), so every rank competes for the cores all the time and, with more
   ranks than cores, each one's CPU work runs at cores / ranks of a core (processor
   sharing). With ranks <= cores, or ``cores`` None (the paper's scale), it changes nothing;
 * a switch layer: ``hosts_per_switch`` hosts per leaf switch whose uplinks carry

@@ -16,8 +16,8 @@ def setup_model(s: Dict, cal: Optional[Dict]):
     its own barrier measured while all its ranks ran (the 2 shared cores' scheduling delay).
 
     The ranks share the machine's cores (``cpus`` of the sweep; 2 here) as polling processes
-    (``emulated``'s default, ``polling``): the engine's own CPU work per step (``overhead``,
-    Python) then runs at cores / ranks of a core. The barrier's latency does not contain that work (a barrier round
+    (``emulated``'s default, ``polling``): the engine's own CPU work per step (``overhead``)
+    then runs at cores / ranks of a core. The barrier's latency does not contain that work (a barrier round
     is a few microseconds of C), so the two are not the same delay counted twice."""
     from ...sim.calibrate import loaded_alpha
     from ...sim.model import emulated
@@ -92,15 +92,11 @@ def goals(setups: List[Dict], rate_Bps: float) -> List[Tuple[str, str, str, bool
     mc, mpi, oring = g("4h1r", "multicolor", 32 << 20), g("4h1r", "mpi", 32 << 20), g("4h1r", "mpi-ring", 32 << 20)
     if mc and mpi and oring:
         frac = mc["busbw_Bps"] / rate_Bps
-        out.append(("4 hosts, 32 MiB: multicolor busbw / link rate", ">= 0.90", f"{frac:.3f}", frac >= 0.9))
+        out.append(("4 hosts, 32 MiB: multicolor busbw / link rate", ">= 0.95", f"{frac:.3f}", frac >= 0.95))
         x = mpi["time_s"] / mc["time_s"]
         out.append(("4 hosts, 32 MiB: multicolor vs MPI default", ">= 1.3x", f"{x:.3f}x", x >= 1.3))
         x = oring["time_s"] / mc["time_s"]
-        out.append(("4 hosts, 32 MiB: multicolor vs Open MPI ring", ">= 1.1x", f"{x:.3f}x", x >= 1.1))
-    mc, ring = g("8h1r", "multicolor", 64 << 10), g("8h1r", "ring", 64 << 10)
-    if mc and ring:
-        x = mc["time_s"] / ring["time_s"]
-        out.append(("8 hosts, 64 KiB: multicolor time / ring time", "<= 0.5", f"{x:.3f}", x <= 0.5))
+        out.append(("4 hosts, 32 MiB: multicolor vs Open MPI ring", ">= 1.0x", f"{x:.3f}x", x >= 1.0))
     # the hierarchical goal is stated for 4 hosts x 2 ranks, where the link allows it (docs/benchmarks.md)
     mc, ring = g("4h2r", "multicolor", 32 << 20), g("4h2r", "ring", 32 << 20)
     if mc and ring:

@@ -9,6 +9,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from ...policy import MPI_BETWEEN_BYTES
 from ...sim.model import link_bytes_per_s
 from ...units import format_size
 from ..output import save_png, write_text
@@ -254,42 +255,41 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"hosts in segments under the eager limit (60 KiB; `OMPI_MCA_btl_tcp_eager_limit` is respected).")
     out.append(
         f"* *Large messages, one rank per host.* From 256 KiB on up to 8 hosts the colors cross hosts on "
-        f"rings (route \"ring\"), and with one rank per host that is one ring: multicolor/ring at 32 MiB on 4 "
-        f"hosts = {t('4h1r', 'ring', 32 << 20) / t('4h1r', 'multicolor', 32 << 20):.2f}x, Open MPI's ring/ours = "
-        f"{t('4h1r', 'ring', 32 << 20) / t('4h1r', 'mpi-ring', 32 << 20):.2f}x. Both are bandwidth-optimal, so "
-        f"\"1.1x Open MPI's ring\" would need {1.1 * (t('4h1r', 'ring', 32 << 20) / t('4h1r', 'mpi-ring', 32 << 20)) * bus('4h1r', 'ring'):.2f} "
-        f"of the link where the calibrated NIC efficiency is {cal.get('nic_efficiency', float('nan')):.2f}. "
-        f"The trees (one star per host) send the same bytes but as three two-way flows per shaped NIC, "
-        f"and reached less of the link than the ring (docs/benchmarks.md, \"Trees or rings across hosts\").")
+        f"rings (route \"ring\"), and with one rank per host that is one ring: at 32 MiB on 4 hosts, "
+        f"our ring's time / multicolor's = {t('4h1r', 'ring', 32 << 20) / t('4h1r', 'multicolor', 32 << 20):.2f}x "
+        f"and Open MPI's ring's / multicolor's = {t('4h1r', 'mpi-ring', 32 << 20) / t('4h1r', 'multicolor', 32 << 20):.2f}x. "
+        f"All three are bandwidth-optimal and move the same bytes, so one run's ratio between them is within "
+        f"its noise. Multicolor's busbw is {bus('4h1r', 'multicolor'):.2f} of the link; a one-way stream gets "
+        f"{cal.get('nic_efficiency', float('nan')):.2f} of it (tbf counts whole frames), and a ring's NIC "
+        f"sends and receives at once (docs/benchmarks.md, \"200 Mbit/s\"). The trees (one star per host) send "
+        f"the same bytes but as three two-way flows per shaped NIC, and reached less of the link than the ring "
+        f"(docs/benchmarks.md, \"Trees or rings across hosts\").")
     out.append(
         f"* *Two ranks per host, 32 MiB.* Hierarchical multicolor vs flat ring: "
         f"{t('4h2r', 'ring', 32 << 20) / t('4h2r', 'multicolor', 32 << 20):.2f}x (4 hosts), "
         f"{t('8h2r', 'ring', 32 << 20) / t('8h2r', 'multicolor', 32 << 20):.2f}x (8 hosts). The flat ring puts "
-        f"2(p-1)/p of the message on each host's link for p ranks, the hierarchy 2(N-1)/N for N hosts: a bound "
-        f"of 1.17x on 4 hosts (the goal, 1.1x) and 1.07x on 8 hosts (no goal; 16 ranks share the 2 cores there).")
+        f"2(p-1)/p of the message on each host's link for p ranks, the hierarchy 2(N-1)/N for N hosts: the link's "
+        f"bytes alone give 1.17x on 4 hosts (the goal, 1.1x) and 1.07x on 8 hosts (no goal). Beyond that, the "
+        f"flat ring's 2(p-1) dependent steps wait on ranks that share the machine's cores.")
+    ring64 = t('8h1r', 'ring', 64 << 10)
     out.append(
-        f"* *Small messages, 8 hosts.* 64 KiB multicolor/ring = "
-        f"{t('8h1r', 'multicolor', 64 << 10) / t('8h1r', 'ring', 64 << 10):.2f} (target 0.5). Every hop costs "
-        f"the engine's per-step overhead ({cal.get('overhead', float('nan')) * 1e6:.0f} us, Python) plus the "
-        f"scheduling delay of 8-16 processes on 2 busy cores (an 8-rank barrier: "
-        f"{next((s['barrier']['barrier_s'] * 1e3 for s in setups if s['setup'] == '8h1r' and s.get('barrier')), float('nan')):.1f} ms); "
-        f"the default's trees (2 colors at 64 KiB) take about 2 log2(8) = 6 dependent hops of half the message, "
-        f"the ring 14 hops of 1/8 of it, and at this size a hop's cost hardly depends on its bytes. "
-        f"The scheduling is most of it (`cluster pingpong` while the other ranks wait in MPI or sleep; "
-        f"waiting without polling was tried and lost: docs/benchmarks.md, \"What a hop costs\"). "
-        f"The model's choice for 64 KiB here (tuning table): {choice.get('algorithm', '?')} with "
+        f"* *Small messages, 8 hosts.* At 64 KiB, multicolor's time / our ring's = "
+        f"{t('8h1r', 'multicolor', 64 << 10) / ring64:.2f} and / MPI's default = "
+        f"{t('8h1r', 'multicolor', 64 << 10) / t('8h1r', 'mpi', 64 << 10):.2f}. No table was measured for this "
+        f"cluster, so multicolor follows the built-in size rules, which run MPI's own allreduce across hosts "
+        f"above {format_size(MPI_BETWEEN_BYTES[0])} and up to {format_size(MPI_BETWEEN_BYTES[1])}: there it beat our trees on every cluster measured (docs/algorithms.md, "
+        f"\"Defaults by message size\"), and multicolor is that call plus the metadata check. At 200 Mbit/s "
+        f"this size is bandwidth-bound: 2(p-1)/p of the message through each host's link takes "
+        f"{bound8 * 1e3:.1f} ms at the calibrated link rate, {bound8 / ring64:.2f} of this run's ring time "
+        f"(the shaper's 128 KiB token bucket lets calls with gaps between them go somewhat faster). The "
+        f"model's choice for 64 KiB here (tuning table): {choice.get('algorithm', '?')} with "
         f"{choice.get('colors', '?')} colors, predicted {choice.get('speedup_vs_ring', float('nan')):.2f}x "
-        f"over the ring. One color per host (`MCALLREDUCE_COLORS=8`) and other tree arities measured no "
-        f"better (docs/benchmarks.md): at this size the cost of a message on the shared cores, not the hop "
-        f"count, decides. At 200 Mbit/s this size is close to bandwidth-bound: "
-        f"2(p-1)/p of the message through each host's link takes {bound8 * 1e3:.1f} ms at the calibrated "
-        f"link rate, {bound8 / t('8h1r', 'ring', 64 << 10):.2f} of this run's ring time (the shaper's "
-        f"128 KiB token bucket lets calls with gaps between them go somewhat faster).")
+        f"the ring.")
     out.append(
-        "* *Model accuracy.* See the accuracy metric above. At >= 1 MiB the time is bandwidth, the shaper, "
+        "* *Model accuracy.* See the accuracy metric below. At >= 1 MiB the time is bandwidth, the shaper, "
         "duplex and Open MPI's algorithms, all modelled; below 1 MiB it is the engine's per-step work and "
         "the scheduling delay of more processes than cores: the model runs every rank's work at cores/ranks "
-        "of a core (ranks that wait poll, so all of them share the cores all the time) and takes each "
+        "of a core (a waiting rank polls for a millisecond before it sleeps, so at these sizes all of them share the cores) and takes each "
         "setup's latency from its own barrier. Horovod is modelled as MPI_Allreduce and misses its own "
         "per-tensor cycle (~20-150 ms floor here).")
     return out
