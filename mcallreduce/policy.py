@@ -44,6 +44,8 @@ DOUBLING_PAIR_BYTES = 256 << 10
 # Across hosts, above the latency regime and up to this size, MPI's own allreduce beat our
 # trees on every cluster measured at both link speeds (docs/algorithms.md, "Defaults by message size").
 MPI_BETWEEN_BYTES = (DOUBLING_BYTES, 64 << 10)
+
+
 def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
     if nbytes <= SMALL_BYTES:
         return 1

@@ -21,7 +21,7 @@ from .model import ClusterModel
 from .mpi_models import ompi_schedule
 from .simulate import simulate
 
-__all__ = ["ALGORITHMS", "predict", "schedule_for", "runtime_choice", "runtime_params", "CHECK_BYTES"]
+__all__ = ["ALGORITHMS", "predict", "schedule_for", "runtime_choice", "CHECK_BYTES"]
 
 ALGORITHMS = RUNTIME_ALGORITHMS + ("horovod",)
 CHECK_BYTES = VECTOR_BYTES
@@ -33,10 +33,6 @@ def runtime_choice(algorithm: str, model: ClusterModel, nbytes: int, itemsize: i
     from ..config import Config
     from ..policy import resolve
     return resolve(Config(algorithm=algorithm), nbytes, itemsize, model.layout())
-
-
-def runtime_params(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4) -> Params:
-    return runtime_choice(algorithm, model, nbytes, itemsize)[1]
 
 
 def schedule_for(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,

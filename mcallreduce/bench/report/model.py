@@ -31,7 +31,7 @@ def setup_model(s: Dict, cal: Optional[Dict]):
 
 
 def model_points(setups: List[Dict], cal: Dict) -> List[Dict]:
-    from ...sim.predict import predict, runtime_params
+    from ...sim.predict import predict, runtime_choice
     pts = []
     for s in setups:
         model = setup_model(s, cal)
@@ -39,11 +39,12 @@ def model_points(setups: List[Dict], cal: Dict) -> List[Dict]:
             if "skipped" in r or r["algorithm"] not in ALGOS + ("horovod",):
                 continue
             pred = predict(r["algorithm"], model, r["size_bytes"])
-            params = (runtime_params(r["algorithm"], model, r["size_bytes"]).__dict__
-                      if r["algorithm"] in ("multicolor", "ring") else None)
+            runs, params = (runtime_choice(r["algorithm"], model, r["size_bytes"])
+                            if r["algorithm"] in ("multicolor", "ring") else (r["algorithm"], None))
             pts.append({"setup": s["setup"], "algorithm": r["algorithm"], "size_bytes": r["size_bytes"],
                         "measured_s": r["time_s"], "predicted_s": pred,
-                        "error": (pred - r["time_s"]) / r["time_s"], "params": params})
+                        "error": (pred - r["time_s"]) / r["time_s"], "runs": runs,
+                        "params": params.__dict__ if params is not None else None})
     return pts
 
 

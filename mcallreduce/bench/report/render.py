@@ -277,8 +277,8 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"{t('8h1r', 'multicolor', 64 << 10) / ring64:.2f} and / MPI's default = "
         f"{t('8h1r', 'multicolor', 64 << 10) / t('8h1r', 'mpi', 64 << 10):.2f}. No table was measured for this "
         f"cluster, so multicolor follows the built-in size rules, which run MPI's own allreduce across hosts "
-        f"above {format_size(MPI_BETWEEN_BYTES[0])} and up to {format_size(MPI_BETWEEN_BYTES[1])}: there it beat our trees on every cluster measured (docs/algorithms.md, "
-        f"\"Defaults by message size\"), and multicolor is that call plus the metadata check. At 200 Mbit/s "
+        f"above {format_size(MPI_BETWEEN_BYTES[0])} and up to {format_size(MPI_BETWEEN_BYTES[1])}: there it "
+        f"beat our trees on every cluster measured (docs/algorithms.md, \"Defaults by message size\"), and multicolor is that call plus the metadata check. At 200 Mbit/s "
         f"this size is bandwidth-bound: 2(p-1)/p of the message through each host's link takes "
         f"{bound8 * 1e3:.1f} ms at the calibrated link rate, {bound8 / ring64:.2f} of this run's ring time "
         f"(the shaper's 128 KiB token bucket lets calls with gaps between them go somewhat faster). The "
@@ -289,8 +289,8 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         "* *Model accuracy.* See the accuracy metric below. At >= 1 MiB the time is bandwidth, the shaper, "
         "duplex and Open MPI's algorithms, all modelled; below 1 MiB it is the engine's per-step work and "
         "the scheduling delay of more processes than cores: the model runs every rank's work at cores/ranks "
-        "of a core (a waiting rank polls for a millisecond before it sleeps, so at these sizes all of them share the cores) and takes each "
-        "setup's latency from its own barrier. Horovod is modelled as MPI_Allreduce and misses its own "
+        "of a core (a waiting rank polls for a millisecond before it sleeps, so at these sizes all of "
+        "them share the cores) and takes each setup's latency from its own barrier. Horovod is modelled as MPI_Allreduce and misses its own "
         "per-tensor cycle (~20-150 ms floor here).")
     return out
 
