@@ -6,6 +6,7 @@ touched. Needs root and working ``ip netns``; skipped with the reason otherwise.
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -220,6 +221,25 @@ BURN_JOB = textwrap.dedent("""
     if MPI.COMM_WORLD.rank == 0:
         print("\\n".join(rows), flush=True)
 """)
+
+
+@needs_cluster
+def test_cpu_overlap_measures_two_capped_processes_and_restores_the_slice():
+    from mcallreduce.bench import cpu_overlap
+    from mcallreduce.cgroups import find_hierarchy
+    if find_hierarchy("cpu", "cpu", "cpu.cfs_quota_us") is None:
+        pytest.skip("no cgroup cpu controller is mounted")
+    before = Path(cpu_overlap.SLICE_FILE).read_text()
+    proc = subprocess.run([sys.executable, "-m", "mcallreduce.bench.cpu_overlap", "--cpus", "0.5", "--seconds", "1",
+                           "--slice-us", "1000"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert Path(cpu_overlap.SLICE_FILE).read_text() == before
+    one, two, both = (float(x) for x in re.search(r"a CPU ([\d.]+), ([\d.]+) of the time; both at once ([\d.]+)",
+                                                  proc.stdout).groups())
+    shares = [one, two]
+    assert abs(sum(shares) - 0.5) < 0.1, proc.stdout          # the two share the half core
+    assert 0 <= both <= min(shares) + 0.01, proc.stdout
+    assert cpu_overlap.both_running([(0, 10), (20, 30)], [(5, 25)]) == 10
 
 
 @needs_cluster
