@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["CgroupError", "Hierarchy", "find_hierarchy", "own_cgroup", "write"]
+__all__ = ["CgroupError", "Hierarchy", "cap_cpu", "cpu_hierarchy", "find_hierarchy", "own_cgroup", "write"]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 V2_ROOTS = (CGROUP_ROOT, os.path.join(CGROUP_ROOT, "unified"))   # unified alone, or beside v1 ("hybrid")
@@ -63,6 +63,24 @@ def find_hierarchy(controller: str, v1_name: str, v1_probe: str) -> Optional[Hie
         except OSError:
             continue
     return None
+
+
+def cpu_hierarchy() -> Optional[Hierarchy]:
+    """The ``cpu`` controller's hierarchy (v1 or v2), or None."""
+    return find_hierarchy("cpu", "cpu", "cpu.cfs_quota_us")
+
+
+def cap_cpu(hierarchy: Hierarchy, path: str, cpus: float, period_ms: float) -> None:
+    """Cap cgroup ``path`` of the cpu ``hierarchy`` at ``cpus`` cores: a quota of
+    ``cpus x period`` per period."""
+    period, quota = round(period_ms * 1000), round(cpus * period_ms * 1000)
+    if hierarchy.version == 1:
+        # uncapped while the period changes, so no step is refused for exceeding a parent's cap
+        write(os.path.join(path, "cpu.cfs_quota_us"), "-1")
+        write(os.path.join(path, "cpu.cfs_period_us"), str(period))
+        write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
+    else:
+        write(os.path.join(path, "cpu.max"), f"{quota} {period}")
 
 
 def own_cgroup(controller: Optional[str]) -> str:

@@ -226,8 +226,8 @@ BURN_JOB = textwrap.dedent("""
 @needs_cluster
 def test_cpu_overlap_measures_two_capped_processes_and_restores_the_slice():
     from mcallreduce.bench import cpu_overlap
-    from mcallreduce.cgroups import find_hierarchy
-    if find_hierarchy("cpu", "cpu", "cpu.cfs_quota_us") is None:
+    from mcallreduce.cgroups import cpu_hierarchy
+    if cpu_hierarchy() is None:
         pytest.skip("no cgroup cpu controller is mounted")
     before = Path(cpu_overlap.SLICE_FILE).read_text()
     proc = subprocess.run([sys.executable, "-m", "mcallreduce.bench.cpu_overlap", "--cpus", "0.5", "--seconds", "1",

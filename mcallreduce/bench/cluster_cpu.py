@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Optional, Tuple
 
-from mcallreduce.cgroups import Hierarchy, find_hierarchy, write
+from mcallreduce.cgroups import Hierarchy, cap_cpu, cpu_hierarchy
 from mcallreduce.bench.netns import ClusterError, sh
 
 __all__ = ["DEFAULT_CPU_PERIOD_MS", "HostCpuBudget"]
@@ -27,17 +27,13 @@ __all__ = ["DEFAULT_CPU_PERIOD_MS", "HostCpuBudget"]
 DEFAULT_CPU_PERIOD_MS = 10.0
 
 
-def _cpu_hierarchy() -> Optional[Hierarchy]:
-    return find_hierarchy("cpu", "cpu", "cpu.cfs_quota_us")
-
-
 class HostCpuBudget:
     """The ``cpu`` cgroups of the hosts of cluster ``prefix``, bind-mounted under ``state_dir``."""
 
     def __init__(self, prefix: str, state_dir: Path):
         self.prefix = prefix
         self.state_dir = Path(state_dir)
-        self.hierarchy = _cpu_hierarchy()
+        self.hierarchy = cpu_hierarchy()
 
     def _require(self) -> Hierarchy:
         if self.hierarchy is None:
@@ -61,17 +57,10 @@ class HostCpuBudget:
         """Create (or update in place) hosts' cgroups, each capped at ``cpus`` cores: a quota of
         ``cpus x period`` per period."""
         hierarchy = self._require()
-        period, quota = round(period_ms * 1000), round(cpus * period_ms * 1000)
         for host in range(hosts):
             try:
                 path = hierarchy.ensure(f"{self.prefix}-h{host}")
-                if hierarchy.version == 1:
-                    # uncapped while the period changes, so no step is refused for exceeding a parent's cap
-                    write(os.path.join(path, "cpu.cfs_quota_us"), "-1")
-                    write(os.path.join(path, "cpu.cfs_period_us"), str(period))
-                    write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
-                else:
-                    write(os.path.join(path, "cpu.max"), f"{quota} {period}")
+                cap_cpu(hierarchy, path, cpus, period_ms)
             except OSError as err:
                 raise ClusterError(f"cannot set up the cpu cgroup of host {host} in {hierarchy.root} ({err}); "
                                    f"inside a container the cgroups may be read-only or delegated elsewhere") from None

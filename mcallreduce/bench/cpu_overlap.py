@@ -18,7 +18,7 @@ import sys
 import time
 from typing import List, Optional, Sequence, Tuple
 
-from ..cgroups import find_hierarchy, write
+from ..cgroups import cap_cpu, cpu_hierarchy, write
 
 SLICE_FILE = "/proc/sys/kernel/sched_cfs_bandwidth_slice_us"
 GAP_NS = 50_000   # a pause this long between two clock reads: the process was descheduled
@@ -55,17 +55,12 @@ def both_running(a: Runs, b: Runs) -> int:
 
 def measure(cpus: float, period_ms: float, seconds: float) -> Tuple[float, float, float]:
     """(share on a CPU of process 1, of process 2, of both at once) under the cap."""
-    hierarchy = find_hierarchy("cpu", "cpu", "cpu.cfs_quota_us")
+    hierarchy = cpu_hierarchy()
     if hierarchy is None:
         raise RuntimeError("no cpu cgroup hierarchy on this machine")
     path = hierarchy.ensure(f"mcallreduce-overlap-{os.getpid()}")
     try:
-        period, quota = int(period_ms * 1000), int(cpus * period_ms * 1000)
-        if hierarchy.version == 1:
-            write(os.path.join(path, "cpu.cfs_period_us"), str(period))
-            write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
-        else:
-            write(os.path.join(path, "cpu.max"), f"{quota} {period}")
+        cap_cpu(hierarchy, path, cpus, period_ms)
         queue = mp.get_context("fork").Queue()
         procs = [mp.get_context("fork").Process(target=_spin, args=(queue, os.path.join(path, "cgroup.procs"), seconds))
                  for _ in range(2)]
