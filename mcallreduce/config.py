@@ -159,7 +159,7 @@ class Config:
             depth=integer("PIPELINE_DEPTH", 1, auto=False) or 4,
             check=bool(boolean("CHECK", auto=False) if get("CHECK") is not None else True),
             verbose=bool(boolean("VERBOSE", auto=False)),
-            ranks_per_host=integer("RANKS_PER_HOST", 1),
+            ranks_per_host=read_ranks_per_host(env),
             tuning_file=_existing_file(get("TUNING_FILE")),
             inter_host_segment=inter_host_segment_bytes(env),
             shm_bytes=parse_size_up_to("MCALLREDUCE_SHM_BYTES", get("SHM_BYTES"), SHM_BYTES, 1 << 30),
@@ -228,6 +228,11 @@ DEFAULT_BUCKET_BYTES = 25 << 20   # as DDP's default bucket: a few buckets for a
 
 def _env(environ: Optional[Mapping[str, str]], name: str) -> str:
     return (os.environ if environ is None else environ).get(name, "").strip()
+
+
+def read_ranks_per_host(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    """MCALLREDUCE_RANKS_PER_HOST: consecutive ranks per emulated host, None for the real hosts."""
+    return parse_integer("MCALLREDUCE_RANKS_PER_HOST", _env(environ, "MCALLREDUCE_RANKS_PER_HOST"), 1)
 
 
 def horovod_switch(environ: Optional[Mapping[str, str]] = None) -> Optional[bool]:
@@ -379,7 +384,7 @@ class data:
     @staticmethod
     def ranks_per_host() -> Optional[int]:
         """MCALLREDUCE_RANKS_PER_HOST (shared with the engine), read now."""
-        return parse_integer("MCALLREDUCE_RANKS_PER_HOST", _env(None, "MCALLREDUCE_RANKS_PER_HOST"), 1)
+        return read_ranks_per_host()
 
     @staticmethod
     def use_mpi() -> Optional[bool]:

@@ -13,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import shared as _shared
+from .hostlayout import all_on_one_host
 from .metadata import DTYPE_CODE, DTYPES
 
 __all__ = ["as_array", "SharedWindow"]
@@ -73,10 +74,7 @@ class SharedWindow:
     @classmethod
     def create(cls, comm: MPI.Comm, slot_bytes: int, small_bytes: int = 0) -> Optional["SharedWindow"]:
         """A window when every rank of ``comm`` shares this host's memory, else None (collective)."""
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        together = node.Get_size() == comm.Get_size()
-        node.Free()
-        if not together or slot_bytes <= 0 or comm.Get_size() < 2:
+        if slot_bytes <= 0 or comm.Get_size() < 2 or not all_on_one_host(comm):
             return None
         return cls(comm, slot_bytes, small_bytes)
 

@@ -18,7 +18,7 @@ import numpy as np
 from .errors import MismatchError
 
 __all__ = ["DTYPES", "DTYPE_CODE", "OP_CODE", "FIELDS", "REJECT_BUFFER", "REJECT_CONFIG", "VECTOR_BYTES", "vector",
-           "mismatch"]
+           "mismatch", "min_max_vector", "bounds"]
 
 #: supported element types (numpy names), in the executor's dtype codes (1, 2, ...)
 DTYPES = ("float16", "float32", "float64", "int32", "int64")
@@ -34,22 +34,33 @@ VECTOR_BYTES = 2 * (2 + len(FIELDS)) * 8
 _REJECT_REASONS = {REJECT_BUFFER: "unsupported buffer", REJECT_CONFIG: "invalid configuration"}
 
 
+def min_max_vector(fields) -> np.ndarray:
+    """``[fields, -fields]`` as int64: reduced with MAX, it carries every field's maximum and
+    minimum across the ranks (the Horovod plugin's companion check encodes its fields so too)."""
+    vec = np.array(fields, dtype=np.int64)
+    return np.concatenate([vec, -vec])
+
+
+def bounds(reduced: np.ndarray):
+    """``(high, low)``: every field's maximum and minimum, from a MAX-reduced :func:`min_max_vector`."""
+    n = len(reduced) // 2
+    return reduced[:n], -reduced[n:]
+
+
 def vector(rank: int, reject: int, fields) -> np.ndarray:
     """The vector a rank sends: ``[reject, *fields, 0]`` and its negation, slot n the rejecting
     rank; the executor fills in the last slot of each half per call."""
-    vec = np.array([reject, *fields, 0], dtype=np.int64)
-    neg = -vec
-    neg[0] = -rank if reject else -(1 << 62)
-    return np.concatenate([vec, neg])
+    vec = min_max_vector([reject, *fields, 0])
+    vec[len(vec) // 2] = -rank if reject else -(1 << 62)
+    return vec
 
 
 def mismatch(meta_out: Optional[np.ndarray], local_error: Optional[BaseException]) -> Optional[BaseException]:
     """The error every rank raises for the MAX-reduced vector ``meta_out``, or None."""
     if meta_out is None:
         return local_error
-    n = len(meta_out) // 2
-    high, low = meta_out[:n], -meta_out[n:]
-    reject_rank, reason = int(-meta_out[n]), int(high[0])
+    high, low = bounds(meta_out)
+    reject_rank, reason = int(low[0]), int(high[0])
     if reason:  # some rank rejected its own arguments before the exchange
         return local_error or MismatchError(
             f"mcallreduce: rank {reject_rank} rejected the allreduce "

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import _executor, mpit
+from . import _executor, hostlayout, mpit
 from . import config as _config
 from .algorithms import build_schedule
 from .config import MPI_ALGORITHMS, Config, ConfigError
@@ -55,7 +55,7 @@ class Context:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.config = config     # the environment when the context was made
-        self.hosts = self._hosts(comm, config.ranks_per_host)
+        self.hosts = hostlayout.hosts(comm, config.ranks_per_host)
         # one host: multicolor's local stages through shared memory (mcallreduce/shared.py)
         self.shared = (SharedWindow.create(self.comm, config.shm_bytes, config.one_sync_bytes)
                        if len(self.hosts) == 1 else None)
@@ -117,20 +117,6 @@ class Context:
         ok = all(self.engine.native.probe_copy(pid, address) == (0, (q + 1) * 7919)
                  for q, (pid, address) in enumerate(peers) if q != self.rank)
         return bool(self.comm.allreduce(int(ok), op=MPI.MIN))   # probe stays alive until every rank read it
-
-    @staticmethod
-    def _hosts(comm: MPI.Comm, ranks_per_host: Optional[int]) -> List[List[int]]:
-        size = comm.Get_size()
-        if ranks_per_host:
-            return [list(range(s, min(s + ranks_per_host, size))) for s in range(0, size, ranks_per_host)]
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        leader = node.bcast(comm.Get_rank(), root=0)
-        node.Free()
-        leaders = comm.allgather(leader)
-        hosts: Dict[int, List[int]] = {}
-        for rank, lead in enumerate(leaders):
-            hosts.setdefault(lead, []).append(rank)
-        return [hosts[k] for k in sorted(hosts)]
 
     def close(self) -> None:
         """Leave (every rank, at exit or hvd.shutdown()): the engine says goodbye to the peers,

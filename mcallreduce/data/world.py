@@ -16,6 +16,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from .. import hostlayout
 from ..config import data as config
 from ..launch import launched_by_mpirun
 
@@ -150,12 +151,5 @@ def current(num_replicas: Optional[int] = None, rank: Optional[int] = None,
             ranks_per_host = ranks_per_host or int(os.environ.get("LOCAL_WORLD_SIZE") or 0) or None
         return World(Layout.uniform(num_replicas, rank, ranks_per_host))
     comm = MPI.COMM_WORLD
-    if ranks_per_host:
-        host_comm = comm.Split(comm.rank // ranks_per_host, comm.rank)
-    else:
-        host_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    leader = host_comm.bcast(comm.rank, root=0)            # lowest world rank on my host
-    leaders = comm.allgather(leader)
-    order = sorted(set(leaders))
-    layout = Layout(tuple(order.index(x) for x in leaders), comm.rank)
-    return World(layout, comm, host_comm)
+    node = hostlayout.host_comm(comm, ranks_per_host)
+    return World(Layout(hostlayout.host_of_rank(comm, node), comm.rank), comm, node)

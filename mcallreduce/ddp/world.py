@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as dist
 
+from ..hostlayout import all_on_one_host
 from ..launch import launched_by_mpirun
 
 __all__ = ["init_process_group", "store_from_mpi", "mpi_rendezvous", "env_or_mpi_rendezvous", "check_matches_mpi",
@@ -58,11 +59,7 @@ def _interface_of(address: str) -> Optional[str]:
 
 def _rank0_address(comm) -> str:
     """The address the other ranks reach rank 0 at (collective)."""
-    from mpi4py import MPI
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    on_rank0_host = comm.bcast(node.Get_size() == comm.Get_size(), root=0)
-    node.Free()
-    if on_rank0_host:
+    if all_on_one_host(comm):
         return "127.0.0.1"
     mine = [addr for _, addr in interface_addresses()]
     everyone = comm.gather(mine, root=0)
