@@ -42,7 +42,7 @@ if [ ${#need[@]} -gt 0 ]; then
     echo "  apt-get install ${need[*]}" >&2
     exit 2
   else
-    say "optional packages missing (emulated cluster, JPEG crop decoder): ${need[*]}"
+    say "packages missing, install them as root (the emulated cluster, Horovod's build, the JPEG crop decoder): ${need[*]}"
   fi
 fi
 

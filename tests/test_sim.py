@@ -280,11 +280,11 @@ def test_tuning_table_lookup(tmp_path):
 def test_report_splices_only_its_section_and_checks_goals(tmp_path):
     from mcallreduce.bench import report
     md = tmp_path / "benchmarks.md"
-    md.write_text("# Benchmarks\n\nlead's table\n")
+    md.write_text("# Benchmarks\n\nhand-written table\n")
     report.splice(md, f"{report.BEGIN}\nfirst\n{report.END}\n")
     report.splice(md, f"{report.BEGIN}\nsecond\n{report.END}\n")
     text = md.read_text()
-    assert "lead's table" in text and "second" in text and "first" not in text
+    assert "hand-written table" in text and "second" in text and "first" not in text
     assert text.count(report.BEGIN) == 1
 
     def rec(a, size, t, p=4):

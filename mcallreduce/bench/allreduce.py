@@ -24,7 +24,7 @@ import numpy as np
 from .. import mpit
 from ..config import ALGORITHMS
 from ..units import format_size, parse_size
-from .output import pyplot, save_png, write_json
+from .output import command, pyplot, save_png, write_json
 from .timing import interleaved, iterations
 
 DEFAULT_ALGORITHMS = "multicolor,ring,mpi,mpi-ring"
@@ -201,7 +201,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(table(records))
         failed = [r for r in records if r.get("correct") is False]
         if ns.json:
-            write_json(ns.json, {"title": title, "label": ns.label, "argv": sys.argv, "hosts": hosts,
+            write_json(ns.json, {"title": title, "label": ns.label, "argv": command(), "hosts": hosts,
                                  "records": records})
         if ns.plot:
             os.makedirs(os.path.dirname(os.path.abspath(ns.plot)), exist_ok=True)

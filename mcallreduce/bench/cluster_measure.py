@@ -28,7 +28,7 @@ from typing import List, Optional, Sequence
 from ..mpit import forced_env
 from ..units import parse_size
 from .netns import require_root, say
-from .output import write_json
+from .output import command, write_json
 
 CHUNK = 1 << 20
 PORT = 5201
@@ -297,7 +297,7 @@ def duplex_main(cluster, segments: str, total: str, window: int, json_path: Opti
         two = next(r["MBps_per_direction"] for r in rows if r["segment"] == seg and r["both"])
         print(f"{seg:>9} {one:>13.1f} {two:>15.1f} {two / one:>6.2f}")
     if json_path:
-        write_json(json_path, {"argv": sys.argv, "rate": cfg.rate, "window": window,
+        write_json(json_path, {"argv": command(), "rate": cfg.rate, "window": window,
                                "bytes_per_direction": parse_size(total), "rows": rows})
     return 0
 

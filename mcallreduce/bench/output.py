@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+_SOURCE_ROOT = Path(__file__).resolve().parents[2]   # the directory that holds mcallreduce/
 
 
 def pyplot():
@@ -32,6 +36,20 @@ def write_text(path, text: str, mode: Optional[int] = None) -> None:
     if mode is not None:
         os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def command(argv: Optional[Sequence[str]] = None) -> List[str]:
+    """The command line that ran, as a user types it (``python -m mcallreduce.bench ...``): what a
+    record keeps, free of this machine's paths."""
+    argv = list(sys.argv if argv is None else argv)
+    script = Path(argv[0]).resolve()
+    try:
+        parts = script.relative_to(_SOURCE_ROOT).with_suffix("").parts
+    except ValueError:
+        return ["python", script.name, *argv[1:]]
+    if parts[-1] == "__main__":
+        parts = parts[:-1]
+    return ["python", "-m", ".".join(parts), *argv[1:]]
 
 
 def write_json(path, payload, indent: Optional[int] = 1) -> None:

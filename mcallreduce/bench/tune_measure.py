@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from ..units import format_size, parse_size
-from .output import write_json
+from .output import command, write_json
 from .timing import interleaved, iterations
 
 #: (name, algorithm, overrides): the built-in choice, larger segments (which fast links may
@@ -120,7 +120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if MPI.COMM_WORLD.Get_rank() == 0:
         layout = f"{len(hosts)}h{max(len(h) for h in hosts)}r"
         table = {"measured": True, "measured_at_unix": int(time.time()),
-                 "mpi": MPI.Get_library_version().split("\n")[0].strip("\0 "), "argv": sys.argv,
+                 "mpi": MPI.Get_library_version().split("\n")[0].strip("\0 "), "argv": command(),
                  "tables": {layout: rows}}
         write_json(ns.out, table)
         print(f"# wrote {ns.out} ({layout})", file=sys.stderr)

@@ -3,8 +3,8 @@
 ``predict(algorithm, model, nbytes)``: "multicolor" and "ring" resolve their parameters
 with :func:`mcallreduce.policy.resolve` (as the runtime does for an environment without
 ``MCALLREDUCE_*`` overrides) unless ``params`` is given, build the runtime's schedule
-and play it; with ``check`` (the runtime's default) the metadata check, an
-MPI_Iallreduce of :data:`mcallreduce.metadata.VECTOR_BYTES` before the schedule starts, is added. "mpi" is Open MPI 4.1's default
+and play it; with ``check`` (the runtime's default) the metadata check, a
+recursive doubling of :data:`mcallreduce.metadata.VECTOR_BYTES` before the schedule starts, is added. "mpi" is Open MPI 4.1's default
 decision (see :mod:`.mpi_models`), "mpi-ring" its ring (algorithm 4); "horovod" is
 stock Horovod's CPU path, which is MPI_Allreduce on the fused buffer: "mpi".
 """

@@ -1,14 +1,15 @@
-"""Model-based defaults: colors, segment size and hierarchy per message size.
+"""Model-based tuning tables: colors, segment size and hierarchy per message size.
 
-The runtime's hand-written size table (``config.SMALL_BYTES`` ...) becomes a search:
+Instead of the runtime's hand-written size rules (:mod:`mcallreduce.policy`), a search:
 for a message of n bytes on a given host layout, every candidate ``Params``
 (colors in {1, 2, 3, 4, L, N, ...}, segment in {0, 60K, 256K, 1M}, hierarchical or
 flat) is played on the cluster model and the fastest wins, like Blue Gene/Q's
 colors-by-size table (which was measured) and NCCL's tuner (which is a cost model).
 
-* :func:`best_params` -- the runtime entry point, ``(algorithm, Params)``; sizes are
-  binned to powers of two and memoised, so a training loop pays the search once per bin;
+* :func:`best_params` -- the search for one size, ``(algorithm, Params)``; sizes are
+  binned to powers of two and memoised (the runtime never searches: it reads a table);
 * :func:`table` -- the table for a layout and a list of sizes (``python -m mcallreduce.bench tune``);
+* :func:`lookup` -- a table's row for a layout and size, which :mod:`mcallreduce.policy` follows;
 * :func:`default_model` -- the model for a layout: the calibration file
   (docs/data/calibration.json, or a path given) of the emulated cluster when present,
   else the built-in constants.

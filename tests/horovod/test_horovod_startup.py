@@ -22,7 +22,7 @@ def report(result):
 @needs_horovod
 @pytest.mark.parametrize("env, active", [
     ({}, False),                                                         # nothing set: stock
-    ({"MCALLREDUCE_ALGORITHM": "multicolor"}, True),                     # the switch
+    ({"MCALLREDUCE_ALGORITHM": "multicolor"}, True),                     # the documented switch
     ({"MCALLREDUCE_HOROVOD": "1"}, True),
     ({"MCALLREDUCE_ALGORITHM": "ring", "MCALLREDUCE_HOROVOD": "0"}, False),   # 0 wins
 ])
@@ -59,7 +59,7 @@ def test_unset_costs_no_import():
 @needs_horovod
 @pytest.mark.parametrize("env, active", [({"MCALLREDUCE_ALGORITHM": "multicolor"}, True), ({}, False)])
 def test_horovodrun_launch(env, active):
-    # The issue's own command: `MCALLREDUCE_ALGORITHM=multicolor horovodrun -np 2 python train.py`.
+    # The documented command: `MCALLREDUCE_ALGORITHM=multicolor horovodrun -np 2 python train.py`.
     # horovodrun starts mpirun itself (adding --allow-run-as-root and --tag-output) and
     # forwards the environment, so the startup hook must see the variable in every rank.
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")

@@ -10,7 +10,7 @@ from typing import Dict, List
 import numpy as np
 
 from ...policy import MPI_BETWEEN_BYTES
-from ...sim.model import link_bytes_per_s
+from ...sim.model import link_bytes_per_s, paper
 from ...units import format_size
 from ..output import save_png, write_text
 from .measure import ALGOS
@@ -208,10 +208,13 @@ def markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning) -> s
                          f"{r['speedup_vs_ring']:.2f}x |")
         L.append("")
     if paper_rows:
+        m = paper(2)
         L += ["### Paper scale (model only)", "", "![paper](img/paper-scale.png)", "",
-              "Model `mcallreduce.sim.model.paper`: 4 ranks (GPUs) per host on NVLink (40 GB/s, 2 us), EDR "
-              "InfiniBand 12 GB/s per NIC and direction, 1.5 us, one non-blocking switch, a native engine "
-              "(3 us per step), reduction on the GPU (250 GB/s). With 2 NICs, local GPU i uses NIC i mod 2. "
+              f"Model `mcallreduce.sim.model.paper`: {m.ranks_per_host} ranks (GPUs) per host on NVLink "
+              f"({m.intra_Bps / 1e9:g} GB/s, {m.intra_alpha * 1e6:g} us), EDR InfiniBand {m.nic_Bps / 1e9:g} GB/s "
+              f"per NIC and direction, {m.alpha * 1e6:g} us, one non-blocking switch, a native engine "
+              f"({m.overhead * 1e6:g} us per step), reduction on the GPU ({1 / m.gamma / 1e9:g} GB/s). "
+              "With 2 NICs, local GPU i uses NIC i mod 2. "
               "Ring: mcallreduce's flat ring over all GPUs (256 KiB segments); multicolor: hierarchical, "
               "best of 2/4/8 colors and 256 KiB / 1 MiB segments (1-2 colors unsegmented for 64 KiB).", "",
               "| GPUs | NICs | size | ring ms | multicolor ms | colors | segment | speedup | ResNet-50 (102 MB) ring / multicolor ms |",
@@ -291,7 +294,7 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         "the scheduling delay of more processes than cores: the model runs every rank's work at cores/ranks "
         "of a core (a waiting rank polls for a millisecond before it sleeps, so at these sizes all of "
         "them share the cores) and takes each setup's latency from its own barrier. Horovod is modelled as MPI_Allreduce and misses its own "
-        "per-tensor cycle (~20-150 ms floor here).")
+        "per-tensor negotiation cycle (docs/horovod.md measures Horovod itself).")
     return out
 
 
