@@ -13,7 +13,8 @@ The multi-color allreduce needs no change here: set ``MCALLREDUCE_ALGORITHM=mult
 
 Each epoch, rank 0 prints and (with ``--log-dir``) writes metrics.json: loss, accuracy,
 img/s and every rank's time split into data wait, forward/backward, allreduce wait,
-optimizer step and metrics. Checkpoints as Horovod's (per epoch, resumed from the latest),
+optimizer step and metrics, with the epoch's first step also apart (it waits for the
+DataLoader's workers to start). Checkpoints as Horovod's (per epoch, resumed from the latest),
 and also within an epoch (``--checkpoint-steps``), resumed exactly.
 """
 import argparse
@@ -103,12 +104,18 @@ class Metric:
 
 
 class StepTimer:
-    """Seconds of this rank in each part of a training step."""
+    """Seconds of this rank in each part of a training step; ``first`` holds the epoch's first step
+    apart, since it also waits for the DataLoader's workers to start."""
     PARTS = ("data", "forward_backward", "allreduce", "optimizer", "metrics")
 
     def __init__(self):
         self.seconds = dict.fromkeys(self.PARTS, 0.0)
-        self.last = time.perf_counter()
+        self.start = self.last = time.perf_counter()
+        self.first, self.first_s = None, None
+
+    def end_of_step(self):
+        if self.first is None:
+            self.first, self.first_s = dict(self.seconds), self.last - self.start
 
     def lap(self, part):
         if args.cuda:
@@ -172,7 +179,7 @@ def train(epoch, first_step=0):
     model.train()
     train_sampler.set_epoch(epoch)
     train_loss, train_accuracy = Metric("train_loss"), Metric("train_accuracy")
-    timer, start, images = StepTimer(), time.perf_counter(), 0
+    timer, images, first_images = StepTimer(), 0, 0
     steps = len(train_loader)      # the whole epoch's, also when resumed within it
     with progress_bar(steps, f"Train Epoch     #{epoch + 1}", show=verbose, initial=first_step) as t:
         for batch_idx, (data, target) in enumerate(train_loader, start=first_step):
@@ -204,6 +211,8 @@ def train(epoch, first_step=0):
             if args.checkpoint_steps and done % args.checkpoint_steps == 0 and done < steps:
                 save_checkpoint(epoch, step=done)
             timer.lap("metrics")
+            timer.end_of_step()
+            first_images = first_images or images
             steps_run += 1
             if args.stop_after_steps and steps_run >= args.stop_after_steps:
                 stop = True
@@ -211,10 +220,14 @@ def train(epoch, first_step=0):
                     save_checkpoint(epoch, step=done)
                     return None
                 break
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - timer.start
+    images, first_images = hvd.allreduce(torch.tensor([images, first_images]), op=hvd.Sum, name="images").tolist()
     return {"train_loss": train_loss.avg.item(), "train_accuracy": train_accuracy.avg.item(),
-            "epoch_s": seconds, "images": int(hvd.allreduce(torch.tensor(images), op=hvd.Sum, name="images")),
-            "ranks": hvd.allgather_object(timer.seconds, name="step_split")}
+            "epoch_s": seconds, "images": int(images),
+            "ranks": hvd.allgather_object(timer.seconds, name="step_split"),
+            # the epoch's first step apart: the rest is the rate of an epoch long enough to hide worker start-up
+            "first_step_s": timer.first_s, "first_step_images": int(first_images),
+            "ranks_first_step": hvd.allgather_object(timer.first, name="first_step_split")}
 
 
 def validate(epoch):

@@ -3,7 +3,9 @@
 Runs examples/pytorch_imagenet_resnet50.py (bench/example.py) once per arm per round, the arms alternated
 within each round, on the emulated cluster (``cluster up`` first), and prints each arm's
 img/s, epoch time and the share of each part of a step (data wait, forward/backward,
-allreduce wait, optimizer, metrics), measured by the script on every rank:
+allreduce wait, optimizer, metrics), measured by the script on every rank, for the last
+epoch and for that epoch after its first step (which also waits for the DataLoader's workers
+to start, a wait that a real epoch of thousands of steps hides and a short one here does not):
 
 - ``stock``: ``--data folder`` (ImageFolder from disk, DistributedSampler), stock Horovod;
 - ``memory``: ``--data memory`` (the in-memory store and its sampler), stock Horovod;
@@ -64,30 +66,57 @@ class Evictor(threading.Thread):
             drop_page_cache(self.paths)
 
 
+def _shares(ranks: List[dict]) -> Dict[str, float]:
+    return {part: statistics.mean(r[part] / sum(r.values()) for r in ranks) for part in PARTS}
+
+
 def summarise(arm: str, metrics: dict, round_: int) -> dict:
-    """The last epoch of a run (the first one carries start-up): img/s, epoch seconds, step shares."""
+    """The last epoch of a run (the first one carries start-up): img/s, epoch seconds, step shares;
+    and the same after the epoch's first step (``steady``), which also waits for the DataLoader's
+    workers to start: a real epoch of thousands of steps hides that wait, a short one here does not."""
     epoch = metrics["epochs"][-1]
     ranks = epoch["ranks"]
-    shares = {part: statistics.mean(r[part] / sum(r.values()) for r in ranks) for part in PARTS}
-    return {"arm": arm, "round": round_, "epoch": epoch["epoch"] + 1, "images": epoch["images"],
-            "epoch_s": epoch["epoch_s"], "images_per_s": epoch["images_per_s"], "shares": shares,
-            "val_accuracy": epoch["val_accuracy"], "ranks": ranks}
+    row = {"arm": arm, "round": round_, "epoch": epoch["epoch"] + 1, "images": epoch["images"],
+           "epoch_s": epoch["epoch_s"], "images_per_s": epoch["images_per_s"], "shares": _shares(ranks),
+           "val_accuracy": epoch["val_accuracy"], "ranks": ranks}
+    if epoch.get("first_step_s") is not None and epoch["images"] > epoch["first_step_images"]:
+        rest = [{p: r[p] - f[p] for p in PARTS} for r, f in zip(ranks, epoch["ranks_first_step"])]
+        row["steady"] = {"seconds": epoch["epoch_s"] - epoch["first_step_s"],
+                         "images": epoch["images"] - epoch["first_step_images"], "shares": _shares(rest),
+                         "ranks": rest}
+        row["steady"]["images_per_s"] = row["steady"]["images"] / row["steady"]["seconds"]
+    return row
 
 
-def table(rows: List[dict]) -> str:
-    by_arm: Dict[str, List[dict]] = {}
-    for row in rows:
-        by_arm.setdefault(row["arm"], []).append(row)
+def _arm_table(by_arm: Dict[str, List[dict]], first_column: str, seconds_column: str) -> str:
+    """One line per arm of its runs' ``images_per_s``, ``seconds`` and ``shares``, ratios to stock and memory."""
     mean = {arm: statistics.mean(r["images_per_s"] for r in runs) for arm, runs in by_arm.items()}
-    lines = ["| arm | img/s per run | img/s mean | epoch s | vs stock | vs memory | "
+    lines = [f"| {first_column} | img/s per run | img/s mean | {seconds_column} | vs stock | vs memory | "
              + " | ".join(PARTS) + " |", "|---|---|---:|---:|---:|---:|" + "---:|" * len(PARTS)]
     for arm, runs in by_arm.items():
         ratio = {base: f"{mean[arm] / mean[base]:.2f}x" if base in mean else "-" for base in ("stock", "memory")}
         shares = [statistics.mean(r["shares"][p] for r in runs) for p in PARTS]
         lines.append(f"| {arm} | " + ", ".join(f"{r['images_per_s']:.2f}" for r in runs)
-                     + f" | {mean[arm]:.2f} | {statistics.mean(r['epoch_s'] for r in runs):.1f} | "
-                     f"{ratio['stock']} | {ratio['memory']} | " + " | ".join(f"{100 * s:.0f}%" for s in shares) + " |")
+                     + f" | {mean[arm]:.2f} | {statistics.mean(r['seconds'] for r in runs):.1f} | "
+                     f"{ratio['stock']} | {ratio['memory']} | " + " | ".join(f"{100 * x:.0f}%" for x in shares) + " |")
     return "\n".join(lines)
+
+
+def table(rows: List[dict]) -> str:
+    """The measured epoch of every run, by arm."""
+    by_arm: Dict[str, List[dict]] = {}
+    for row in rows:
+        by_arm.setdefault(row["arm"], []).append({**row, "seconds": row["epoch_s"]})
+    return _arm_table(by_arm, "arm", "epoch s")
+
+
+def steady_table(rows: List[dict]) -> str:
+    """The same runs after each epoch's first step (the DataLoader's workers started); empty when not recorded."""
+    by_arm: Dict[str, List[dict]] = {}
+    for row in rows:
+        if "steady" in row:
+            by_arm.setdefault(row["arm"], []).append(row["steady"])
+    return _arm_table(by_arm, "arm, after the first step", "s") if by_arm else ""
 
 
 def cpu_table(rows: List[dict]) -> str:
@@ -212,9 +241,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 rows.append(row)
                 if ns.json:     # after every run: a failure later keeps what was measured
                     write_json(ns.json, record(argv, config, per_host, rows))
-                print(f"round {round_ + 1} {arm}: {row['images_per_s']:.2f} img/s, epoch {row['epoch_s']:.1f} s, "
+                steady = (f" ({row['steady']['images_per_s']:.2f} img/s after the first step)"
+                          if "steady" in row else "")
+                print(f"round {round_ + 1} {arm}: {row['images_per_s']:.2f} img/s{steady}, epoch {row['epoch_s']:.1f} s, "
                       + ", ".join(f"{p} {100 * s:.0f}%" for p, s in row["shares"].items()), flush=True)
     text = table(rows)
+    if steady_table(rows):
+        text += "\n\n" + steady_table(rows)
     if ns.cpu_by_thread:
         text += "\n\n" + cpu_table(rows)
     print(text)

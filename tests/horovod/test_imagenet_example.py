@@ -43,9 +43,16 @@ def test_both_data_modes_train_and_validate(tree, tmp_path, data, workers):
     for rank in epoch["ranks"]:
         assert set(rank) == {"data", "forward_backward", "allreduce", "optimizer", "metrics"}
         assert rank["forward_backward"] > 0 and all(v >= 0 for v in rank.values())
+    # the first step (batch 8 on each rank) apart, for the rate of a long epoch
+    assert epoch["first_step_images"] == 16 and 0 < epoch["first_step_s"] < epoch["epoch_s"]
+    for rank, first in zip(epoch["ranks"], epoch["ranks_first_step"]):
+        assert all(0 <= first[part] <= rank[part] for part in rank)
     row = e2e.summarise(data, metrics, 1)              # what the ablation bench reports of it
     assert sum(row["shares"].values()) == pytest.approx(1.0) and row["images_per_s"] == epoch["images_per_s"]
-    assert f"| {data} | " in e2e.table([row])
+    steady = row["steady"]
+    assert steady["images"] == 44 and steady["seconds"] == pytest.approx(epoch["epoch_s"] - epoch["first_step_s"])
+    assert sum(steady["shares"].values()) == pytest.approx(1.0)
+    assert f"| {data} | " in e2e.table([row]) and f"| {data} | " in e2e.steady_table([row])
 
 
 def assert_same_state(want_path, got_path):
