@@ -1,6 +1,7 @@
 """The benchmark CLI end to end: table, JSON records and the plot."""
 import json
 import sys
+from pathlib import Path
 
 from mcallreduce.launch import run
 
@@ -11,7 +12,9 @@ def test_bench_table_json_and_plot(tmp_path):
                 "--json", str(out), "--plot", str(png)], timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "busbw(GB/s)" in r.stdout and "[1/2] 4K: multicolor, ring, mpi, mpi-ring" in r.stderr   # table and progress
-    records = json.loads(out.read_text())["records"]
+    record = json.loads(out.read_text())
+    assert record["argv"][:4] == ["python", "-m", "mcallreduce.bench", "--sizes"]   # as typed, no local path
+    records = record["records"]
     assert {rec["algorithm"] for rec in records} == {"multicolor", "ring", "mpi", "mpi-ring"}
     for rec in records:
         assert "skipped" not in rec, rec
@@ -72,3 +75,15 @@ def test_tune_measure_writes_a_table_that_the_policy_then_follows(tmp_path):
     for row in rows:
         algorithm, params = policy.resolve(cfg, row["size_bytes"], 4, [[0, 1]], 1 << 24)
         assert algorithm == row["algorithm"] and params.shared == row["shared"], (row, algorithm, params)
+
+
+def test_records_name_the_command_as_typed_not_a_local_path():
+    import mcallreduce
+    from mcallreduce.bench.output import command
+    package = Path(mcallreduce.__file__).parent
+    assert command([str(package / "bench" / "__main__.py"), "tune"]) == ["python", "-m", "mcallreduce.bench", "tune"]
+    assert command([str(package / "bench" / "cluster.py"), "up"]) == ["python", "-m", "mcallreduce.bench.cluster", "up"]
+    assert command(["/somewhere/bin/mcallreduce-bench", "--sizes", "1M"]) == ["python", "-m", "mcallreduce.bench",
+                                                                              "--sizes", "1M"]
+    assert command(["/home/me/train.py", "-x"]) == ["python", "train.py", "-x"]
+    assert command(["/usr/bin/pytest", "-q"]) == ["pytest", "-q"]

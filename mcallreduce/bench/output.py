@@ -46,10 +46,13 @@ def command(argv: Optional[Sequence[str]] = None) -> List[str]:
     try:
         parts = script.relative_to(_SOURCE_ROOT).with_suffix("").parts
     except ValueError:
-        return ["python", script.name, *argv[1:]]
-    if parts[-1] == "__main__":
-        parts = parts[:-1]
-    return ["python", "-m", ".".join(parts), *argv[1:]]
+        parts = ()
+    if script.suffix == ".py" and parts[:1] == ("mcallreduce",):
+        parts = parts[:-1] if parts[-1] == "__main__" else parts
+        return ["python", "-m", ".".join(parts), *argv[1:]]
+    if script.name == "mcallreduce-bench":      # setup.py's console script
+        return ["python", "-m", "mcallreduce.bench", *argv[1:]]
+    return (["python"] if script.suffix == ".py" else []) + [script.name, *argv[1:]]
 
 
 def write_json(path, payload, indent: Optional[int] = 1) -> None:
