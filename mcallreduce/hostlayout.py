@@ -22,8 +22,8 @@ def host_comm(comm, ranks_per_host: Optional[int] = None):
 def host_of_rank(comm, node) -> Tuple[int, ...]:
     """Every rank's host number, given each rank's host communicator ``node``."""
     leaders = comm.allgather(node.bcast(comm.Get_rank(), root=0))   # each host's lowest rank
-    order = sorted(set(leaders))
-    return tuple(order.index(leader) for leader in leaders)
+    number = {leader: h for h, leader in enumerate(sorted(set(leaders)))}
+    return tuple(number[leader] for leader in leaders)
 
 
 def hosts(comm, ranks_per_host: Optional[int] = None) -> List[List[int]]:

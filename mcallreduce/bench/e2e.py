@@ -245,9 +245,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           if "steady" in row else "")
                 print(f"round {round_ + 1} {arm}: {row['images_per_s']:.2f} img/s{steady}, epoch {row['epoch_s']:.1f} s, "
                       + ", ".join(f"{p} {100 * s:.0f}%" for p, s in row["shares"].items()), flush=True)
-    text = table(rows)
-    if steady_table(rows):
-        text += "\n\n" + steady_table(rows)
+    text = "\n\n".join(t for t in (table(rows), steady_table(rows)) if t)
     if ns.cpu_by_thread:
         text += "\n\n" + cpu_table(rows)
     print(text)
