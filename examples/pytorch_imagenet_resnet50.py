@@ -18,6 +18,7 @@ DataLoader's workers to start). Checkpoints as Horovod's (per epoch, resumed fro
 and also within an epoch (``--checkpoint-steps``), resumed exactly.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -86,6 +87,9 @@ parser.add_argument("--checkpoint-steps", type=int, default=0,
 parser.add_argument("--stop-after-steps", type=int, default=0,
                     help="stop after N steps of this run, as a preempted job would (after a mid-epoch "
                          "checkpoint)")
+parser.add_argument("--local-gradients", action="store_true", default=False,
+                    help="no gradient allreduce: each rank steps on its own gradients, so the models drift "
+                         "apart; an ablation's ceiling for what any allreduce could give")
 
 
 class Metric:
@@ -324,10 +328,13 @@ if __name__ == "__main__":
     optimizer = optim.SGD(model.parameters(), lr=args.base_lr * lr_scaler, momentum=args.momentum,
                           weight_decay=args.wd)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters(), compression=compression,
-        backward_passes_per_step=args.batches_per_allreduce, op=hvd.Adasum if args.use_adasum else hvd.Average,
-        gradient_predivide_factor=args.gradient_predivide_factor)
+    if args.local_gradients:     # the step a free allreduce would give; metrics still synchronise the ranks
+        optimizer.synchronize, optimizer.skip_synchronize = (lambda: None), contextlib.nullcontext
+    else:
+        optimizer = hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), compression=compression,
+            backward_passes_per_step=args.batches_per_allreduce, op=hvd.Adasum if args.use_adasum else hvd.Average,
+            gradient_predivide_factor=args.gradient_predivide_factor)
 
     first_step = 0
     if hvd.rank() == 0 and (resume_from_epoch > 0 or partial):

@@ -32,17 +32,16 @@ and ``MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS`` (each falling back to Horovod's 
 of the same name), and the data package's ``MCALLREDUCE_DATA_*`` variables (:data:`DATA_VARIABLES`, read through
 the :class:`data` namespace; docs/data.md lists them).
 
-Variables are read once, at first use (like Horovod's); a process that changes
-them later calls :func:`reload`. ``auto`` values are resolved per message size
-by :func:`mcallreduce.policy.resolve` (this module only parses). ``MCALLREDUCE_RANKS_PER_HOST`` groups
-consecutive ranks into virtual hosts instead of asking MPI which ranks share
-memory; it exists to exercise the hierarchical schedules on one machine.
-``MCALLREDUCE_TUNING_FILE`` names a table written by ``python -m mcallreduce.bench
-tune`` (the cost model's best colors/segment/hierarchy per size for a cluster);
-its choices replace the built-in size table for every setting left on ``auto``.
+Variables are read once, at first use (like Horovod's); a process that changes them later calls
+:func:`reload`. ``auto`` values are resolved per message size by :func:`mcallreduce.policy.resolve`
+(this module only parses). ``MCALLREDUCE_RANKS_PER_HOST`` groups consecutive ranks into virtual
+hosts instead of asking MPI which ranks share memory, to exercise the hierarchical schedules on one
+machine. ``MCALLREDUCE_TUNING_FILE`` names a table written by ``python -m mcallreduce.bench tune``,
+whose choices replace the built-in size table for every setting left on ``auto``.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional
@@ -365,13 +364,10 @@ class data:
     @staticmethod
     def memory_fraction() -> float:
         text = data.raw("MEMORY_FRACTION")
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
-        if not 0 < value <= 1:
-            raise ConfigError(f"{DATA_PREFIX}MEMORY_FRACTION={text!r}: expected a number in (0, 1]")
-        return value
+        with contextlib.suppress(ValueError):
+            if 0 < float(text) <= 1:
+                return float(text)
+        raise ConfigError(f"{DATA_PREFIX}MEMORY_FRACTION={text!r}: expected a number in (0, 1]")
 
     @staticmethod
     def verify() -> bool:

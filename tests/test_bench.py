@@ -87,3 +87,7 @@ def test_records_name_the_command_as_typed_not_a_local_path():
                                                                               "--sizes", "1M"]
     assert command(["/home/me/train.py", "-x"]) == ["python", "train.py", "-x"]
     assert command(["/usr/bin/pytest", "-q"]) == ["pytest", "-q"]
+    # the subcommands' records: the arguments the dispatcher passed, after the subcommand's name
+    from mcallreduce.bench.output import subcommand_command
+    assert subcommand_command("e2e", ["--runs", "3"]) == ["python", "-m", "mcallreduce.bench", "e2e", "--runs", "3"]
+    assert subcommand_command("ddp", []) == ["python", "-m", "mcallreduce.bench", "ddp"]

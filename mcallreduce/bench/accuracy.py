@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
 from . import example, output
-from .output import write_json
+from .output import subcommand_command, write_json
 
 DATA = {"folder": ["--data", "folder"], "memory-local": ["--data", "memory", "--shuffle", "local"],
         "memory-partial": ["--data", "memory", "--shuffle", "partial"],
@@ -121,7 +120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     text = table(rows)
     print(text)
     if ns.json:
-        write_json(ns.json, {"argv": ["python", "-m", "mcallreduce.bench", "accuracy", *(argv or sys.argv[2:])],
+        write_json(ns.json, {"argv": subcommand_command("accuracy", argv),
                              "np": ns.np, "example_args": example_args, "runs": rows, "table": text})
     if ns.plot:
         plot(rows, ns.plot)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from . import example
-from .output import write_json
+from .output import subcommand_command, write_json
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_synthetic_benchmark.py"
 ARMS = ("gloo", "hook", "backend")
@@ -81,6 +81,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     text = table(rows)
     print(text)
     if ns.json:
-        write_json(ns.json, {"argv": ["python", "-m", "mcallreduce.bench", "ddp", *(argv or sys.argv[2:])],
+        write_json(ns.json, {"argv": subcommand_command("ddp", argv),
                              "cluster": ns.cluster, "env": env, "runs": rows, "table": text})
     return 0

@@ -10,7 +10,9 @@ to start, a wait that a real epoch of thousands of steps hides and a short one h
 - ``stock``: ``--data folder`` (ImageFolder from disk, DistributedSampler), stock Horovod;
 - ``memory``: ``--data memory`` (the in-memory store and its sampler), stock Horovod;
 - ``multicolor``: ``memory`` + ``MCALLREDUCE_ALGORITHM=multicolor``, no progress thread;
-- ``thread``: ``multicolor`` with the progress thread on.
+- ``thread``: ``multicolor`` with the progress thread on;
+- ``local`` (not run unless named): ``memory`` without the gradient allreduce (``--local-gradients``),
+  the ceiling that no allreduce can pass: the arms' ratios to it bound what a faster one could give.
 
 With ``--read-limit``, the tree is copied onto a loop disk of its own, read through the
 kernel's block throttle (data/throttle.py) at that many bytes/s per host (the whole job
@@ -30,7 +32,6 @@ import argparse
 import contextlib
 import os
 import statistics
-import sys
 import tempfile
 import threading
 from typing import Dict, List, Optional, Sequence
@@ -38,17 +39,19 @@ from typing import Dict, List, Optional, Sequence
 from .. import launch
 from ..units import parse_size
 from . import example, output
-from .output import write_json
+from .output import subcommand_command, write_json
 from .thread_cpu import KINDS, ThreadCpu
 
 STOCK = {"MCALLREDUCE_HOROVOD": "0"}
 MULTICOLOR = {"MCALLREDUCE_ALGORITHM": "multicolor"}
-ARMS = {   # name: (--data, environment)
-    "stock": ("folder", STOCK),
-    "memory": ("memory", STOCK),
-    "multicolor": ("memory", {**MULTICOLOR, "MCALLREDUCE_PROGRESS_THREAD": "0"}),
-    "thread": ("memory", {**MULTICOLOR, "MCALLREDUCE_PROGRESS_THREAD": "1"}),
+ARMS = {   # name: (--data, environment, more of the example's arguments)
+    "stock": ("folder", STOCK, ()),
+    "memory": ("memory", STOCK, ()),
+    "multicolor": ("memory", {**MULTICOLOR, "MCALLREDUCE_PROGRESS_THREAD": "0"}, ()),
+    "thread": ("memory", {**MULTICOLOR, "MCALLREDUCE_PROGRESS_THREAD": "1"}, ()),
+    "local": ("memory", STOCK, ("--local-gradients",)),
 }
+DEFAULT_ARMS = ("stock", "memory", "multicolor", "thread")
 PARTS = ("data", "forward_backward", "allreduce", "optimizer", "metrics")
 
 
@@ -89,16 +92,19 @@ def summarise(arm: str, metrics: dict, round_: int) -> dict:
 
 
 def _arm_table(by_arm: Dict[str, List[dict]], first_column: str, seconds_column: str) -> str:
-    """One line per arm of its runs' ``images_per_s``, ``seconds`` and ``shares``, ratios to stock and memory."""
+    """One line per arm of its runs' ``images_per_s``, ``seconds`` and ``shares``, ratios to stock and
+    memory, and to local (the ceiling) when it ran."""
     mean = {arm: statistics.mean(r["images_per_s"] for r in runs) for arm, runs in by_arm.items()}
-    lines = [f"| {first_column} | img/s per run | img/s mean | {seconds_column} | vs stock | vs memory | "
-             + " | ".join(PARTS) + " |", "|---|---|---:|---:|---:|---:|" + "---:|" * len(PARTS)]
+    bases = ("stock", "memory") + (("local",) if "local" in mean else ())
+    lines = [f"| {first_column} | img/s per run | img/s mean | {seconds_column} | "
+             + "".join(f"vs {base} | " for base in bases) + " | ".join(PARTS) + " |",
+             "|---|---|---:|---:|" + "---:|" * (len(bases) + len(PARTS))]
     for arm, runs in by_arm.items():
-        ratio = {base: f"{mean[arm] / mean[base]:.2f}x" if base in mean else "-" for base in ("stock", "memory")}
+        ratios = [f"{mean[arm] / mean[base]:.2f}x" if base in mean else "-" for base in bases]
         shares = [statistics.mean(r["shares"][p] for r in runs) for p in PARTS]
         lines.append(f"| {arm} | " + ", ".join(f"{r['images_per_s']:.2f}" for r in runs)
                      + f" | {mean[arm]:.2f} | {statistics.mean(r['seconds'] for r in runs):.1f} | "
-                     f"{ratio['stock']} | {ratio['memory']} | " + " | ".join(f"{100 * x:.0f}%" for x in shares) + " |")
+                     + " | ".join(ratios + [f"{100 * x:.0f}%" for x in shares]) + " |")
     return "\n".join(lines)
 
 
@@ -139,7 +145,7 @@ def plot(rows: List[dict], path: str) -> None:
     """Per arm: mean seconds per step of each part (stacked), img/s on top."""
     plt = output.pyplot()
     arms = list(dict.fromkeys(r["arm"] for r in rows))
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4))
     bottom = [0.0] * len(arms)
     for part in PARTS:
         # a rank's seconds in the part, averaged over ranks and runs, as a fraction of the epoch
@@ -152,12 +158,12 @@ def plot(rows: List[dict], path: str) -> None:
         ax.text(i, bottom[i], f"{ips:.1f} img/s", ha="center", va="bottom")
     ax.set_ylabel("seconds per epoch and rank")
     ax.set_title("Where a training step's time goes (last epoch of each run)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))     # beside the bars, never over one
     output.save_png(fig, path)
 
 
 def record(argv, config, per_host: int, rows: List[dict]) -> dict:
-    return {"argv": ["python", "-m", "mcallreduce.bench", "e2e", *(argv or sys.argv[2:])], "hosts": config.hosts,
+    return {"argv": subcommand_command("e2e", argv), "hosts": config.hosts,
             "ranks_per_host": config.ranks_per_host, "rate": config.rate, "cpus_per_host": config.cpus_per_host,
             "cpu_period_ms": config.cpu_period_ms if config.cpus_per_host is not None else None,
             "read_limit_per_host": per_host, "runs": rows}
@@ -169,7 +175,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--tree", required=True, help="holds train/ and val/ (made by make-imagenet-like if absent)")
     parser.add_argument("--train-per-class", type=int, default=64, help="when the tree is made here")
     parser.add_argument("--val-per-class", type=int, default=4, help="when the tree is made here")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--runs", type=int, default=2, help="rounds; each runs every arm once, alternated")
     parser.add_argument("--read-limit", default="0", help="disk reads per host, bytes/s (suffixes K, M); 0: none")
     parser.add_argument("--evict-every", type=float, default=1.0,
@@ -226,13 +232,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
         for round_ in range(ns.runs):
             for arm in (arms if round_ % 2 == 0 else arms[::-1]):    # neither arm always first
-                data, env = ARMS[arm]
+                data, env, more = ARMS[arm]
                 dirs = folders if data == "folder" else stores
                 sampler = ThreadCpu(str(example.EXAMPLE)) if ns.cpu_by_thread else None
                 if sampler:
                     sampler.start()
                 metrics = example.train(["--data", data, "--train-dir", dirs["train"], "--val-dir", dirs["val"],
-                                         "--epochs", ns.epochs, *ns.example_args],
+                                         "--epochs", ns.epochs, *more, *ns.example_args],
                                         os.path.join(tmp, f"{arm}-{round_}"), {**extra_env, **env}, cluster=cluster,
                                         timeout=ns.timeout)
                 row = summarise(arm, metrics, round_ + 1)

@@ -55,6 +55,12 @@ def command(argv: Optional[Sequence[str]] = None) -> List[str]:
     return (["python"] if script.suffix == ".py" else []) + [script.name, *argv[1:]]
 
 
+def subcommand_command(name: str, argv: Optional[Sequence[str]]) -> List[str]:
+    """What a record keeps for ``python -m mcallreduce.bench NAME ...``: ``argv`` as the
+    dispatcher passed it, or this process's own arguments after the subcommand."""
+    return ["python", "-m", "mcallreduce.bench", name, *(sys.argv[2:] if argv is None else argv)]
+
+
 def write_json(path, payload, indent: Optional[int] = 1) -> None:
     """``payload`` as JSON at ``path`` (a str or a Path), through a temporary file."""
     write_text(path, json.dumps(payload, indent=indent))

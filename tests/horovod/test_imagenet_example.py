@@ -55,6 +55,18 @@ def test_both_data_modes_train_and_validate(tree, tmp_path, data, workers):
     assert f"| {data} | " in e2e.table([row]) and f"| {data} | " in e2e.steady_table([row])
 
 
+def test_local_gradients_train_without_a_gradient_allreduce(tree, tmp_path):
+    """The ablation's ceiling arm: the step runs with nothing to wait for between backward and the update."""
+    metrics = train(tree, tmp_path, "--data", "memory", "--epochs", 1, "--workers", 0, "--local-gradients")
+    (epoch,) = metrics["epochs"]
+    assert epoch["images"] == 60 and epoch["train_loss"] > 0
+    for rank in epoch["ranks"]:
+        assert rank["allreduce"] < 0.01 < rank["forward_backward"]     # 4 steps of a no-op synchronize()
+    assert "local" in e2e.ARMS and "local" not in e2e.DEFAULT_ARMS
+    memory, local = e2e.summarise("memory", metrics, 1), e2e.summarise("local", metrics, 1)
+    assert "| vs local |" in e2e.table([memory, local]) and "| vs local |" not in e2e.table([memory])
+
+
 def assert_same_state(want_path, got_path):
     want, got = torch.load(want_path), torch.load(got_path)
     for name, tensor in want["model"].items():
