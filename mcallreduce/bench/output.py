@@ -38,6 +38,9 @@ def write_text(path, text: str, mode: Optional[int] = None) -> None:
     os.replace(tmp, path)
 
 
+BENCH_COMMAND = ("python", "-m", "mcallreduce.bench")   # how a record names the benchmark's entry point
+
+
 def command(argv: Optional[Sequence[str]] = None) -> List[str]:
     """The command line that ran, as a user types it (``python -m mcallreduce.bench ...``): what a
     record keeps, free of this machine's paths."""
@@ -51,14 +54,14 @@ def command(argv: Optional[Sequence[str]] = None) -> List[str]:
         parts = parts[:-1] if parts[-1] == "__main__" else parts
         return ["python", "-m", ".".join(parts), *argv[1:]]
     if script.name == "mcallreduce-bench":      # setup.py's console script
-        return ["python", "-m", "mcallreduce.bench", *argv[1:]]
+        return [*BENCH_COMMAND, *argv[1:]]
     return (["python"] if script.suffix == ".py" else []) + [script.name, *argv[1:]]
 
 
 def subcommand_command(name: str, argv: Optional[Sequence[str]]) -> List[str]:
     """What a record keeps for ``python -m mcallreduce.bench NAME ...``: ``argv`` as the
     dispatcher passed it, or this process's own arguments after the subcommand."""
-    return ["python", "-m", "mcallreduce.bench", name, *(sys.argv[2:] if argv is None else argv)]
+    return [*BENCH_COMMAND, name, *(sys.argv[2:] if argv is None else argv)]
 
 
 def write_json(path, payload, indent: Optional[int] = 1) -> None:
