@@ -35,26 +35,37 @@ parser.add_argument("--num-batches-per-iter", type=int, default=10)
 parser.add_argument("--num-iters", type=int, default=10)
 parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads per rank (0: torch's choice)")
 parser.add_argument("--json", help="rank 0 appends one JSON line with the result here")
+parser.add_argument("--no-cuda", action="store_true", default=False,
+                    help="train on the CPU even where CUDA is available (the backend arm always does)")
 args = parser.parse_args()
+args.cuda = not args.no_cuda and args.comm != "backend" and torch.cuda.is_available()
 
 mcallreduce.ddp.init_process_group("mcallreduce" if args.comm == "backend" else "gloo")
 rank, size = dist.get_rank(), dist.get_world_size()
 if args.threads:
     torch.set_num_threads(args.threads)
 torch.manual_seed(42)
+if args.cuda:   # a host's GPUs dealt to its ranks in turn
+    from mpi4py import MPI
+    local_rank = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+else:
+    device = torch.device("cpu")
 
-model = DDP(resnet50(args.num_classes), bucket_cap_mb=args.bucket_cap_mb)
+model = DDP(resnet50(args.num_classes).to(device), bucket_cap_mb=args.bucket_cap_mb)
 if args.comm == "hook":
     model.register_comm_hook(None, mcallreduce.ddp.multicolor_hook)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * size)
-data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
-target = torch.randint(0, args.num_classes, (args.batch_size,))
+data = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
+target = torch.randint(0, args.num_classes, (args.batch_size,), device=device)
 
 
 def benchmark_step():
     optimizer.zero_grad()
     F.cross_entropy(model(data), target).backward()
     optimizer.step()
+    if args.cuda:   # the step is done when the GPU is
+        torch.cuda.synchronize()
 
 
 def log(text):
@@ -64,7 +75,7 @@ def log(text):
 
 nparams = sum(p.numel() for p in model.parameters())
 log(f"Model: resnet50 ({nparams / 1e6:.1f}M parameters)  Batch size: {args.batch_size}  Image size: "
-    f"{args.image_size}  Ranks: {size}  Comm: {args.comm}  bucket_cap_mb: {args.bucket_cap_mb}")
+    f"{args.image_size}  Ranks: {size}  Comm: {args.comm}  bucket_cap_mb: {args.bucket_cap_mb}  Device: {device}")
 timeit.timeit(benchmark_step, number=args.num_warmup_batches)
 img_secs = []
 for i in range(args.num_iters):
@@ -77,6 +88,7 @@ if args.json and rank == 0:
     with open(args.json, "a") as f:
         f.write(json.dumps({"comm": args.comm, "ranks": size, "batch_size": args.batch_size,
                             "image_size": args.image_size, "bucket_cap_mb": args.bucket_cap_mb,
+                            "device": device.type,
                             "img_sec_per_rank": mean, "conf": conf, "total_img_sec": size * mean,
                             "iters": img_secs}) + "\n")
 dist.destroy_process_group()

@@ -64,9 +64,10 @@ class Handle:
     """An allreduce in flight. ``test()`` progresses without blocking; ``wait()`` finishes it."""
 
     __slots__ = ("result", "seq", "error", "name", "times", "color_times", "_engine", "_done", "_event",
-                 "_callbacks")
+                 "_callbacks", "_finisher")
 
-    def __init__(self, engine: "Engine", seq: int, result: Any):
+    def __init__(self, engine: "Engine", seq: int, result: Any,
+                 finisher: Optional[Callable[[Optional[BaseException]], Optional[BaseException]]] = None):
         self.result, self.seq, self.error = result, seq, None
         self.name: Optional[str] = None     # what the stall inspector calls it ("tensor 'x'", "DDP bucket 0")
         # once finished: (submitted, started, checked, done), time.monotonic() seconds: queued in
@@ -78,6 +79,8 @@ class Handle:
         self._engine, self._done = engine, False
         self._event = threading.Event() if engine.threaded else None   # only a thread signals
         self._callbacks: Optional[List[Callable[["Handle"], None]]] = None
+        # runs before anyone sees the call done, and may turn it into an error (a GPU copy-back)
+        self._finisher = finisher
 
     def test(self) -> bool:
         """True when finished (raises the allreduce's error, if any)."""
@@ -111,6 +114,8 @@ class Handle:
         fn(self)
 
     def _finish(self, error: Optional[BaseException]) -> None:
+        if self._finisher is not None:
+            error, self._finisher = self._finisher(error), None
         with self._engine.callback_lock:
             self.error, self._done = error, True
             callbacks, self._callbacks = self._callbacks, None
@@ -169,9 +174,11 @@ class Engine:
         return self._thread is not None
 
     def submit(self, seq: int, result: Any, template, buffer: np.ndarray, prescale: float,
-               on_mismatch: Callable, local_error: Optional[BaseException] = None) -> Handle:
-        """Start one call of a plan (``template``: the executor's fixed arguments) on ``buffer``."""
-        handle = Handle(self, seq, result)
+               on_mismatch: Callable, local_error: Optional[BaseException] = None,
+               finisher: Optional[Callable] = None) -> Handle:
+        """Start one call of a plan (``template``: the executor's fixed arguments) on ``buffer``;
+        ``finisher(error)`` runs when it ends, before the handle reports it (see Handle)."""
+        handle = Handle(self, seq, result, finisher)
         call = _Call(handle, template, buffer, prescale, on_mismatch, local_error)
         if self._thread is not None:
             self._queue.append(call)

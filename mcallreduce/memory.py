@@ -27,8 +27,8 @@ def as_array(buf: Any) -> np.ndarray:
         arr = buf
     elif type(buf).__module__.startswith("torch"):
         if buf.device.type != "cpu":
-            raise TypeError(f"mcallreduce: {buf.device.type} tensors are not supported yet; "
-                            "pass a CPU tensor (GPU buffers need a CUDA-aware MPI)")
+            raise TypeError(f"mcallreduce: {buf.device.type} tensors are not supported; "
+                            "pass a CPU or CUDA tensor")
         if not buf.is_contiguous():
             raise ValueError("mcallreduce: tensor is not contiguous; call .contiguous() first")
         try:
@@ -37,7 +37,8 @@ def as_array(buf: Any) -> np.ndarray:
             raise TypeError(f"mcallreduce: unsupported dtype {buf.dtype}; "
                             f"supported: {', '.join(DTYPES)}") from exc
     else:
-        raise TypeError(f"mcallreduce: expected a numpy array or a CPU torch tensor, got {type(buf).__name__}")
+        raise TypeError(f"mcallreduce: expected a numpy array, a torch tensor or a CuPy array, "
+                        f"got {type(buf).__name__}")
     if arr.dtype not in DTYPE_CODE:
         raise TypeError(f"mcallreduce: unsupported dtype {arr.dtype.name}; supported: {', '.join(DTYPES)}")
     if not arr.flags.c_contiguous:

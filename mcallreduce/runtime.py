@@ -23,6 +23,7 @@ from . import config as _config
 from .algorithms import build_schedule
 from .config import MPI_ALGORITHMS, Config, ConfigError
 from .engine import MAX_SCHEDULE_TAGS, TAG_SPAN, Engine, Handle
+from .gpu import Staging, is_gpu_buffer
 from .lowering import lower
 from .memory import SharedWindow, as_array
 from .metadata import DTYPE_CODE, DTYPES, FIELDS, OP_CODE, REJECT_BUFFER, REJECT_CONFIG, mismatch, vector
@@ -254,6 +255,7 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
     else:
         plan = key = None
     result = out if out is not None else buf
+    staging = None
     if plan is None:
         config = base.with_overrides(algorithm=algorithm, check=check, **overrides)
         try:
@@ -262,14 +264,11 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
                                   f"allowed values are {', '.join(ALGORITHMS)}")
             if op not in OP_CODE:
                 raise ConfigError(f"mcallreduce: unknown op {op!r}; allowed values are {', '.join(OPS)}")
-            src = as_array(buf)
-            if out is not None:
-                arr = as_array(out)
-                if arr.size != src.size or arr.dtype != src.dtype:
-                    raise ValueError(f"mcallreduce: out has {arr.size} x {arr.dtype}, buf has {src.size} x {src.dtype}")
-                arr[...] = src
+            if is_gpu_buffer(buf) or is_gpu_buffer(out):
+                staging = Staging(buf, out)
+                arr = staging.host
             else:
-                arr = src
+                arr = _host_array(buf, out)
             plan = ctx.plan(config, arr.size, arr.dtype, op, prescale, postscale)
         except (TypeError, ValueError) as exc:
             if not config.check:
@@ -280,10 +279,33 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
         if key is not None:
             ctx.remember(key, base, plan)
     engine = ctx.engine
+    finisher = staging.finish if staging is not None else None
     with ctx.submit_lock:
-        if blocking and engine.run_if_idle(ctx.next_seq, plan.template, arr, prescale, mismatch):
-            return result
-        return engine.submit(ctx.next_seq(), result, plan.template, arr, prescale, mismatch)
+        if blocking:
+            try:
+                ran = engine.run_if_idle(ctx.next_seq, plan.template, arr, prescale, mismatch)
+            except BaseException as exc:
+                if finisher is not None:
+                    finisher(exc)
+                raise
+            if ran:
+                error = finisher(None) if finisher is not None else None
+                if error is not None:
+                    raise error
+                return result
+        return engine.submit(ctx.next_seq(), result, plan.template, arr, prescale, mismatch, finisher=finisher)
+
+
+def _host_array(buf: Any, out: Any) -> np.ndarray:
+    """The array the executor reduces in place: ``buf``'s, or ``out``'s holding a copy of it."""
+    src = as_array(buf)
+    if out is None:
+        return src
+    arr = as_array(out)
+    if arr.size != src.size or arr.dtype != src.dtype:
+        raise ValueError(f"mcallreduce: out has {arr.size} x {arr.dtype}, buf has {src.size} x {src.dtype}")
+    arr[...] = src
+    return arr
 
 
 def start_progress_thread(comm: Optional[MPI.Comm] = None) -> None:

@@ -29,6 +29,15 @@ def test_bench_rejects_unknown_algorithm():
     assert r.returncode != 0 and "unknown algorithm" in r.stderr
 
 
+def test_bench_rejects_unknown_buffers_and_cuda_without_a_gpu():
+    r = run(1, [sys.executable, "-m", "mcallreduce.bench", "--buffers", "gpu"], timeout=60)
+    assert r.returncode != 0 and "--buffers takes cpu and/or cuda" in r.stderr
+    import torch
+    if not torch.cuda.is_available():
+        r = run(1, [sys.executable, "-m", "mcallreduce.bench", "--sizes", "4K", "--buffers", "cpu,cuda"], timeout=60)
+        assert r.returncode != 0 and "torch sees no CUDA device" in r.stdout + r.stderr
+
+
 def test_bench_time_budget_keeps_at_least_min_iters(tmp_path):
     # --iters 0 sizes the run by --seconds; a tiny budget still times --min-iters calls
     out = tmp_path / "m.json"

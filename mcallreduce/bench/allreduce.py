@@ -46,6 +46,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--min-iters", type=int, default=3,
                     help="with --iters 0: at least this many timed iterations per size (default 3)")
     ap.add_argument("--seconds", type=float, default=0.5, help="time budget per (size, algorithm) when --iters is 0")
+    ap.add_argument("--buffers", default="cpu",
+                    help="comma-separated: cpu (numpy arrays), cuda (torch CUDA tensors; every algorithm, the mpi "
+                         "arms too, stages them through pinned host memory) (default cpu)")
     ap.add_argument("--no-check", action="store_true", help="skip mcallreduce's cross-rank metadata check")
     ap.add_argument("--json", metavar="FILE", help="write one record per (algorithm, size)")
     ap.add_argument("--plot", metavar="FILE.png", help="plot busbw vs size")
@@ -54,6 +57,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ns = ap.parse_args(argv)
     ns.sizes = [parse_size(s, "--sizes") for s in ns.sizes.split(",") if s]
     ns.algorithms = [a.strip() for a in ns.algorithms.split(",") if a.strip()]
+    ns.buffers = [b.strip() for b in ns.buffers.split(",") if b.strip()]
+    if not ns.buffers or set(ns.buffers) - {"cpu", "cuda"}:
+        ap.error(f"--buffers takes cpu and/or cuda, got {','.join(ns.buffers)!r}")
     bad = [a for a in ns.algorithms if a not in ALGORITHMS]
     if bad:
         ap.error(f"unknown algorithm(s) {', '.join(bad)}; choose from {', '.join(ALGORITHMS)}")
@@ -61,7 +67,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 class Runner:
-    """Runs one algorithm on one buffer; the "mpi" arms call MPI_Allreduce directly."""
+    """Runs one algorithm on one buffer; the "mpi" arms call MPI_Allreduce directly (on a GPU
+    buffer, between a blocking copy to a pinned host mirror and one back, as a user would)."""
 
     def __init__(self, comm, ns: argparse.Namespace):
         from mpi4py import MPI
@@ -81,10 +88,15 @@ class Runner:
             return "needs Open MPI with MPI_T (and OMPI_MCA_coll_tuned_use_dynamic_rules=1 before MPI_Init)"
         return None
 
-    def __call__(self, algorithm: str, buf: np.ndarray) -> None:
+    def __call__(self, algorithm: str, buf, mirror=None) -> None:
         if algorithm in ("mpi", "mpi-ring"):
             comm = self.mpi_comm if algorithm == "mpi" else self.ring_comm
-            comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+            if mirror is None:
+                comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+            else:
+                mirror.copy_(buf)
+                comm.Allreduce(self.MPI.IN_PLACE, mirror.numpy(), op=self.MPI.SUM)
+                buf.copy_(mirror)
         else:
             self.allreduce(buf, algorithm=algorithm, comm=self.comm, check=not self.ns.no_check)
 
@@ -103,18 +115,23 @@ def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Nam
     base = (np.arange(count, dtype=np.int64) % 13)
     data = (base + rank).astype(dtype)
     expected = (base * p + p * (p - 1) // 2).astype(dtype)
-    buf = np.empty_like(data)
-
-    arms = [lambda a=algorithm: run(a, buf) for algorithm in algorithms]
+    bufs = {kind: buffer_of(kind, data, ns.local_rank) for kind in ns.buffers}
+    mirrors = {kind: mirror_of(buf) for kind, buf in bufs.items()}
+    names = [(a, kind) for kind in ns.buffers for a in algorithms]
+    arms = [lambda a=a, kind=kind: run(a, bufs[kind], mirrors[kind] if a.startswith("mpi") else None)
+            for a, kind in names]
 
     def reset() -> None:
-        buf[...] = data
+        for buf in bufs.values():
+            buf[...] = data if isinstance(buf, np.ndarray) else buf.new_tensor(data)
 
     correct = {}
-    for algorithm, arm in zip(algorithms, arms):
+    for name, arm in zip(names, arms):
         reset()
         arm()
-        correct[algorithm] = bool(comm.allreduce(int(np.array_equal(buf, expected)), op=MPI.MIN))
+        result = bufs[name[1]]
+        result = result if isinstance(result, np.ndarray) else result.cpu().numpy()
+        correct[name] = bool(comm.allreduce(int(np.array_equal(result, expected)), op=MPI.MIN))
         for _ in range(ns.warmup):
             reset()
             arm()
@@ -122,32 +139,52 @@ def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Nam
     if iters <= 0:   # ns.seconds per algorithm
         iters = iterations(comm, arms, ns.seconds * len(arms), ns.min_iters, cap=200)
     slowest, cpu = interleaved(comm, arms, iters, reset)
-    cpu_mean = np.empty(len(algorithms))
+    cpu_mean = np.empty(len(names))
     comm.Allreduce(np.median(cpu, axis=0), cpu_mean, op=MPI.SUM)
     cpu_mean /= p
     records = []
-    for j, algorithm in enumerate(algorithms):
+    for j, (algorithm, kind) in enumerate(names):
         t = float(np.median(slowest[:, j]))
         algbw = count * dtype.itemsize / t
         records.append({"algorithm": algorithm, "size_bytes": int(count * dtype.itemsize), "count": int(count),
                         "dtype": dtype.name, "ranks": p, "iters": iters, "time_s": t,
                         "time_min_s": float(slowest[:, j].min()), "algbw_Bps": algbw,
                         "busbw_Bps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "cpu_s": float(cpu_mean[j]),
-                        "correct": correct[algorithm]})
+                        "buffer": kind, "correct": correct[algorithm, kind]})
     return records
 
 
+def buffer_of(kind: str, data: np.ndarray, local_rank: int):
+    """The benchmark's buffer: a numpy array, or a torch tensor on this rank's GPU (the host's
+    GPUs dealt round-robin to its ranks)."""
+    if kind == "cpu":
+        return np.empty_like(data)
+    import torch
+    if not torch.cuda.is_available():
+        raise SystemExit("--buffers cuda: torch sees no CUDA device")
+    return torch.from_numpy(data).to(torch.device("cuda", local_rank % torch.cuda.device_count()))
+
+
+def mirror_of(buf):
+    """The pinned host copy the mpi arms reduce a GPU buffer in (None for a host buffer)."""
+    if isinstance(buf, np.ndarray):
+        return None
+    import torch
+    return torch.empty(buf.shape, dtype=buf.dtype, pin_memory=True)
+
+
 def table(records: List[Dict]) -> str:
-    ring = {r["size_bytes"]: r["time_s"] for r in records if r["algorithm"] == "ring"}
-    lines = [f"{'size':>8} {'count':>11} {'algorithm':>11} {'time(us)':>11} {'cpu(us)':>9} {'algbw(GB/s)':>12} "
-             f"{'busbw(GB/s)':>12} {'vs ring':>8} {'correct':>8}"]
+    ring = {(r["size_bytes"], r.get("buffer")): r["time_s"] for r in records if r["algorithm"] == "ring"}
+    lines = [f"{'size':>8} {'count':>11} {'algorithm':>11} {'buffer':>6} {'time(us)':>11} {'cpu(us)':>9} "
+             f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'vs ring':>8} {'correct':>8}"]
     for r in records:
         if "skipped" in r:
             lines.append(f"{format_size(r['size_bytes']):>8} {'':>11} {r['algorithm']:>11}   skipped: {r['skipped']}")
             continue
-        speed = ring.get(r["size_bytes"])
+        speed = ring.get((r["size_bytes"], r.get("buffer")))
         vs = f"{speed / r['time_s']:.2f}x" if speed else "-"
-        lines.append(f"{format_size(r['size_bytes']):>8} {r['count']:>11} {r['algorithm']:>11} {r['time_s'] * 1e6:>11.1f} "
+        lines.append(f"{format_size(r['size_bytes']):>8} {r['count']:>11} {r['algorithm']:>11} "
+                     f"{r.get('buffer', 'cpu'):>6} {r['time_s'] * 1e6:>11.1f} "
                      f"{r['cpu_s'] * 1e6:>9.1f} "
                      f"{r['algbw_Bps'] / 1e9:>12.3f} {r['busbw_Bps'] / 1e9:>12.3f} {vs:>8} "
                      f"{'yes' if r['correct'] else 'FAIL':>8}")
@@ -156,11 +193,14 @@ def table(records: List[Dict]) -> str:
 
 def plot(records: List[Dict], path: str, title: str) -> None:
     fig, ax = pyplot().subplots(figsize=(7, 4.5))
-    for algorithm in dict.fromkeys(r["algorithm"] for r in records):
+    buffers = set(r.get("buffer", "cpu") for r in records if "skipped" not in r)
+    for algorithm, buffer in dict.fromkeys((r["algorithm"], r.get("buffer", "cpu")) for r in records):
         pts = sorted((r["size_bytes"], r["busbw_Bps"] / 1e9) for r in records
-                     if r["algorithm"] == algorithm and "skipped" not in r)
+                     if (r["algorithm"], r.get("buffer", "cpu")) == (algorithm, buffer) and "skipped" not in r)
         if pts:
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=algorithm)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o",
+                    linestyle="--" if buffer == "cuda" else "-",
+                    label=f"{algorithm} ({buffer})" if len(buffers) > 1 else algorithm)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("busbw (GB/s)")
@@ -181,6 +221,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     rank = comm.Get_rank()
     run = Runner(comm, ns)
     hosts = Context.get(comm).hosts
+    ns.local_rank = next(host.index(rank) for host in hosts if rank in host)
     records: List[Dict] = []
     for i, size in enumerate(ns.sizes):
         if rank == 0 and not ns.quiet:  # progress (stderr keeps stdout a clean table)

@@ -65,7 +65,10 @@ def future_for(handle, value: Any, finish: Optional[Callable[[], None]] = None) 
     Python's ``set_exception`` stores the exception as the future's *value*, which C++ readers
     (DDP's reducer) take for a result; the ``then`` step turns it into an error they see.
     """
-    future: torch.futures.Future = torch.futures.Future()
+    # a future holding CUDA tensors must name their device (torch checks); the result is on the
+    # GPU before it completes (mcallreduce/gpu.py copies back first)
+    cuda = isinstance(value, torch.Tensor) and value.is_cuda
+    future: torch.futures.Future = torch.futures.Future(devices=[value.device] if cuda else None)
 
     def complete(h) -> None:
         error = h.error
@@ -94,10 +97,10 @@ def reducible(tensor: torch.Tensor):
 
     bfloat16 has no numpy type: it is reduced in float32 and rounded once at the end (more
     exact than a bfloat16 sum). A non-contiguous tensor is reduced in a contiguous copy.
+    CUDA tensors are reduced through pinned host memory (mcallreduce/gpu.py).
     """
-    if tensor.device.type != "cpu":
-        raise TypeError(f"mcallreduce: {tensor.device.type} tensors are not supported; the engine reduces "
-                        "CPU memory (use a gloo or NCCL group for GPU tensors)")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"mcallreduce: {tensor.device.type} tensors are not supported; pass CPU or CUDA tensors")
     if tensor.dtype == torch.bfloat16:
         work = tensor.to(torch.float32, memory_format=torch.contiguous_format)
     elif not tensor.is_contiguous():

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from _mpi import REPO as ROOT, passed, run_job
 
@@ -25,6 +26,14 @@ def job(np_, script, *args, env=None, timeout=240):
 def test_ddp_ends_with_the_parameters_of_ddp_on_gloo(np_, arm, thread):
     out = job(np_, "equivalence.py", arm, env={"MCALLREDUCE_PROGRESS_THREAD": thread})
     assert f"agree with gloo at {np_} ranks" in out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("thread", ["0", "1"])
+@pytest.mark.parametrize("np_", [2, 3])
+def test_the_hook_on_cuda_buckets_ends_with_the_parameters_of_ddp_on_gloo(np_, thread):
+    out = job(np_, "equivalence.py", "hook", "cuda", env={"MCALLREDUCE_PROGRESS_THREAD": thread}, timeout=600)
+    assert "hook on cuda: " in out and f"agree with gloo at {np_} ranks" in out
 
 
 @pytest.mark.parametrize("np_,init", [(2, "url"), (3, "bare")])

@@ -1,6 +1,6 @@
 """DDP with the multicolor hook, or on the mcallreduce backend, ends where DDP on gloo ends.
 
-Usage: equivalence.py hook|backend. Every variant trains 20 steps twice from the same start,
+Usage: equivalence.py hook|backend [cpu|cuda]. Every variant trains 20 steps twice from the same start,
 on different data per rank: on gloo, then with the arm. Parameters and buffers must agree
 (bitwise at 2 ranks, to 1e-6 relative beyond) and be bitwise equal across ranks. Buckets
 compressed to float16 (PyTorch's compression hook, or its wrapper around ours)
@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import mcallreduce.ddp
 
 ARM = sys.argv[1]
+DEVICE = torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")   # cuda: the hook on GPU buckets
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 mcallreduce.ddp.init_process_group("gloo")
@@ -62,7 +63,7 @@ WRAPPERS = {"fp16_compress": default_hooks.fp16_compress_wrapper}
 
 
 def train(variant: str, arm: str):
-    model = network(variant)
+    model = network(variant).to(DEVICE)
     if arm == "backend":
         ddp = DDP(model, process_group=GROUP, **OPTIONS[variant])
     else:
@@ -87,6 +88,7 @@ def train(variant: str, arm: str):
     def loop():
         for step in range(steps):
             x, y = torch.randn(8, 16, generator=data), torch.randint(0, 4, (8,), generator=data)
+            x, y = x.to(DEVICE), y.to(DEVICE)
             if variant == "no_sync" and step % 2 == 0:
                 with ddp.no_sync():
                     nn.functional.cross_entropy(ddp(x), y).backward()
@@ -102,7 +104,7 @@ def train(variant: str, arm: str):
         loop()
 
     parameters = {name for name, _ in model.named_parameters()}
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}, parameters
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, parameters
 
 
 def compare(variant: str, reference: tuple, got: tuple) -> list:
@@ -130,24 +132,26 @@ def bf16_gradients() -> list:
     """One backward of a bfloat16 model: the arm's reduced gradients are the exact result,
     rounded once (and bitwise gloo's at 2 ranks, where gloo rounds once too)."""
     grads = {}
-    for arm in ("local", "gloo", ARM):
+    # gloo reduces no bfloat16 CUDA tensors: on the GPU, only the exact result is the reference
+    arms = ("local", "gloo", ARM) if DEVICE.type == "cpu" else ("local", ARM)
+    for arm in arms:
         torch.manual_seed(0)
-        model = nn.Linear(64, 8).to(torch.bfloat16)
+        model = nn.Linear(64, 8).to(DEVICE, torch.bfloat16)
         ddp = model if arm == "local" else DDP(model, process_group=GROUP if arm == "backend" else None)
         if arm == "hook":
             ddp.register_comm_hook(None, mcallreduce.ddp.multicolor_hook)
-        x = torch.randn(4, 64, generator=torch.Generator().manual_seed(7 + rank)).to(torch.bfloat16)
+        x = torch.randn(4, 64, generator=torch.Generator().manual_seed(7 + rank)).to(DEVICE, torch.bfloat16)
         ddp(x).float().pow(2).sum().backward()
-        grads[arm] = [p.grad.clone() for p in model.parameters()]
+        grads[arm] = [p.grad.cpu().clone() for p in model.parameters()]
     problems = []
-    for i, (local, ours, gloo) in enumerate(zip(grads["local"], grads[ARM], grads["gloo"])):
+    for i, (local, ours, gloo) in enumerate(zip(grads["local"], grads[ARM], grads.get("gloo", grads[ARM]))):
         if ARM == "backend":   # DDP divides each rank's bucket first (in bfloat16), then sums
             exact = sum(comm.allgather((local / size).double()))
         else:
             exact = sum(comm.allgather(local.double())) / size
         if not torch.equal(ours, exact.to(torch.bfloat16)):
             problems.append(f"rank {rank} bfloat16/{ARM}: gradient {i} is not the exact result, rounded once")
-        if size == 2 and not torch.equal(ours, gloo):
+        if size == 2 and "gloo" in grads and not torch.equal(ours, gloo):
             problems.append(f"rank {rank} bfloat16/{ARM}: gradient {i} differs from gloo's")
     return problems
 
@@ -158,7 +162,7 @@ for variant in OPTIONS:
 problems += bf16_gradients()
 everyone = [p for ps in comm.allgather(problems) for p in ps]
 if rank == 0:
-    print("\n".join(everyone) or f"{ARM}: {len(OPTIONS)} variants agree with gloo at {size} ranks; bfloat16 "
+    print("\n".join(everyone) or f"{ARM} on {DEVICE.type}: {len(OPTIONS)} variants agree with gloo at {size} ranks; bfloat16 "
           "buckets are the exact result, rounded once",
           flush=True)
 dist.destroy_process_group()

@@ -1,0 +1,177 @@
+"""GPU buffers (CUDA torch tensors, CuPy arrays): reduced in page-locked host memory.
+
+The executor reduces host memory over MPI, which need not be CUDA-aware. A GPU buffer is
+copied into a pinned host buffer when its allreduce starts, reduced there, and copied back
+before its handle reports it done, so ``wait()``, ``test()`` and done-callbacks see the
+result on the GPU. The copies run on the caller's current CUDA stream and are waited for.
+Pinned buffers are pooled by size: pinning memory costs far more than copying into it.
+docs/gpu.md has what the copies cost, measured.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .memory import as_array
+
+__all__ = ["is_gpu_buffer", "Staging"]
+
+_MIN_CLASS_BYTES = 1 << 16   # pinned buffers come in powers of two from here, so near sizes share one
+_FREE_PER_CLASS = 4          # released buffers kept per size; more are unpinned
+
+
+def is_gpu_buffer(buf: Any) -> bool:
+    """Whether ``buf`` is in GPU memory: a CUDA torch tensor, a CuPy array, or any object with
+    ``__cuda_array_interface__``."""
+    if buf is None or isinstance(buf, np.ndarray):
+        return False
+    if type(buf).__module__.startswith("torch"):
+        return buf.device.type == "cuda"
+    return hasattr(buf, "__cuda_array_interface__")
+
+
+class _Torch:
+    """CUDA torch tensors, staged through pinned torch tensors."""
+    name = "torch"
+
+    @staticmethod
+    def device_view(buf):
+        if not buf.is_contiguous():
+            raise ValueError("mcallreduce: tensor is not contiguous; call .contiguous() first")
+        return buf
+
+    @staticmethod
+    def device_of(buf) -> Tuple[str, int]:
+        return "cuda", buf.device.index
+
+    @staticmethod
+    def pinned(nbytes: int):
+        import torch
+        owner = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        return owner, owner
+
+    @staticmethod
+    def host_view(raw, like):
+        return raw[:like.numel() * like.element_size()].view(like.dtype)   # stays a pinned torch tensor
+
+    @staticmethod
+    def to_host(src, host) -> None:
+        host.copy_(src.reshape(-1))      # blocking: waits for the work queued on the current stream
+
+    @staticmethod
+    def to_device(host, dst) -> None:
+        dst.reshape(-1).copy_(host)
+
+
+class _CuPy:
+    """CuPy arrays and other ``__cuda_array_interface__`` objects (viewed through CuPy)."""
+    name = "cupy"
+
+    @staticmethod
+    def device_view(buf):
+        try:
+            import cupy
+        except ImportError as exc:
+            raise TypeError(f"mcallreduce: {type(buf).__name__} is a GPU array; install CuPy to reduce it "
+                            "(or pass a CUDA torch tensor)") from exc
+        arr = cupy.asarray(buf)   # a view, no copy
+        if not arr.flags.c_contiguous:
+            raise ValueError("mcallreduce: GPU array is not contiguous; pass cupy.ascontiguousarray(buf)")
+        return arr
+
+    @staticmethod
+    def device_of(arr) -> Tuple[str, int]:
+        return "cuda", arr.device.id
+
+    @staticmethod
+    def pinned(nbytes: int):
+        import cupy
+        owner = cupy.cuda.alloc_pinned_memory(nbytes)
+        return owner, np.frombuffer(owner, np.uint8, nbytes)
+
+    @staticmethod
+    def host_view(raw, like):
+        return raw[:like.nbytes].view(like.dtype)
+
+    @staticmethod
+    def to_host(src, host) -> None:
+        with src.device:
+            src.reshape(-1).get(out=host)   # blocking, on the current stream
+
+    @staticmethod
+    def to_device(host, dst) -> None:
+        with dst.device:
+            dst.reshape(-1).set(host)
+
+
+class _PinnedPool:
+    """Released pinned buffers, by library and size class, for the next call of a similar size."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: Dict[Tuple[str, int], List[Tuple[Any, Any]]] = {}
+
+    def take(self, lib, nbytes: int) -> Tuple[Tuple[str, int], Any, Any]:
+        size = max(_MIN_CLASS_BYTES, 1 << max(0, nbytes - 1).bit_length())
+        key = (lib.name, size)
+        with self._lock:
+            free = self._free.get(key)
+            if free:
+                return (key, *free.pop())
+        return (key, *lib.pinned(size))
+
+    def give(self, key: Tuple[str, int], buffer: Tuple[Any, Any]) -> None:
+        with self._lock:
+            free = self._free.setdefault(key, [])
+            if len(free) < _FREE_PER_CLASS:
+                free.append(buffer)
+
+
+_POOL = _PinnedPool()
+
+
+class Staging:
+    """One GPU allreduce's trip through pinned host memory.
+
+    ``host`` (a numpy view) is what the executor reduces; :meth:`finish` copies the result to
+    the GPU (``out``, else ``buf``) unless the call failed, and releases the host buffer.
+    Raises TypeError or ValueError, before copying anything, for what cannot be reduced.
+    """
+
+    def __init__(self, buf: Any, out: Any = None):
+        if not is_gpu_buffer(buf) or (out is not None and not is_gpu_buffer(out)):
+            raise ValueError("mcallreduce: buf and out must both be GPU buffers or both host buffers")
+        self._lib = _Torch if type(buf).__module__.startswith("torch") else _CuPy
+        src = self._lib.device_view(buf)
+        dst = src
+        if out is not None:
+            if (type(out).__module__.startswith("torch")) != (self._lib is _Torch):
+                raise TypeError("mcallreduce: buf and out must both be torch tensors or both CuPy arrays")
+            dst = self._lib.device_view(out)
+            if self._lib.device_of(dst) != self._lib.device_of(src):
+                raise ValueError(f"mcallreduce: out is on {self._lib.device_of(dst)}, buf on "
+                                 f"{self._lib.device_of(src)}")
+        nbytes = src.nbytes
+        self._key, owner, raw = _POOL.take(self._lib, nbytes)
+        self._buffer = (owner, raw)
+        host = self._lib.host_view(raw, src)
+        self.host = as_array(host)          # the dtype checks of host buffers
+        if dst is not src and (dst.dtype != src.dtype or dst.nbytes != nbytes):
+            raise ValueError(f"mcallreduce: out has {dst.nbytes} bytes of {dst.dtype}, buf {nbytes} of {src.dtype}")
+        self._lib.to_host(src, host)
+        self._host, self._dst = host, dst
+
+    def finish(self, error: Optional[BaseException]) -> Optional[BaseException]:
+        """After the reduction (``error`` is its outcome): the call's outcome once copied back."""
+        if error is None:
+            try:
+                self._lib.to_device(self._host, self._dst)
+            except Exception as exc:   # noqa: BLE001  (the handle reports it)
+                error = RuntimeError(f"mcallreduce: copying the result back to the GPU failed: {exc}")
+                error.__cause__ = exc
+        if error is None:   # a failed call may leave messages landing in its buffer: never reuse it
+            _POOL.give(self._key, self._buffer)
+        self._host = self._dst = self._buffer = self.host = None
+        return error
