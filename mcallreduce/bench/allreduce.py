@@ -194,11 +194,12 @@ def table(records: List[Dict]) -> str:
 def plot(records: List[Dict], path: str, title: str) -> None:
     fig, ax = pyplot().subplots(figsize=(7, 4.5))
     buffers = set(r.get("buffer", "cpu") for r in records if "skipped" not in r)
+    colors = {a: f"C{i}" for i, a in enumerate(dict.fromkeys(r["algorithm"] for r in records))}
     for algorithm, buffer in dict.fromkeys((r["algorithm"], r.get("buffer", "cpu")) for r in records):
         pts = sorted((r["size_bytes"], r["busbw_Bps"] / 1e9) for r in records
                      if (r["algorithm"], r.get("buffer", "cpu")) == (algorithm, buffer) and "skipped" not in r)
         if pts:
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o",
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", color=colors[algorithm],
                     linestyle="--" if buffer == "cuda" else "-",
                     label=f"{algorithm} ({buffer})" if len(buffers) > 1 else algorithm)
     ax.set_xscale("log", base=2)
