@@ -216,6 +216,30 @@ def test_batch_normalize_equals_per_image_normalisation(store):
     assert torch.allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_batch_normalize_on_the_gpu_equals_per_image_normalisation(store):
+    """The device branch for real: uint8 batches from the loader's pinned memory, normalised on the GPU."""
+    dataset = InMemoryImageFolder(store, EvalTransform())
+    raw = InMemoryImageFolder(store, EvalTransform(normalize=False))
+    indices = list(range(0, 64, 3))
+    expected = torch.stack([dataset[i][0] for i in indices])
+    batch = torch.stack([raw[i][0] for i in indices]).pin_memory()
+    for channels_last in (False, True):
+        got, labels = Normalize(device="cuda", channels_last=channels_last)((batch, torch.arange(len(indices))))
+        assert got.device.type == labels.device.type == "cuda" and got.dtype == torch.float32
+        assert torch.allclose(got.cpu(), expected, atol=1e-5)
+        assert got.is_contiguous(memory_format=torch.channels_last) == channels_last
+        assert torch.equal(labels.cpu(), torch.arange(len(indices)))
+    half = Normalize(device="cuda", dtype=torch.float16)(batch)
+    assert half.dtype == torch.float16 and torch.allclose(half.float().cpu(), expected, atol=2e-2)
+    sampler = list(range(40))
+    ours = list(ThreadedLoader(raw, batch_size=16, sampler=sampler, num_threads=2,
+                               batch_transform=Normalize(device="cuda")))
+    reference = list(ThreadedLoader(dataset, batch_size=16, sampler=sampler, num_threads=2))
+    for (a, la), (b, lb) in zip(ours, reference):
+        assert a.is_cuda and torch.allclose(a.cpu(), b, atol=1e-5) and torch.equal(la.cpu(), lb)
+
+
 def test_transforms_give_normalised_tensors_for_every_sample(store):
     train = InMemoryImageFolder(store, TrainTransform(seed=0))
     evaluation = InMemoryImageFolder(store, EvalTransform())
