@@ -14,9 +14,11 @@ def startup_hook():
     install_startup_hook()
 
 
-def report(result):
+def routed(result):
+    """(routed calls, buckets) that a passed unmodified.py reports."""
     assert result.returncode == 0, explain(result)
-    return dict(re.findall(r"^(SUM|WEIGHTS_EQUAL|PATCHED|ROUTED) (.*)$", result.stdout, re.M))
+    calls, buckets = re.search(r"^ROUTED (\d+) BUCKETS (\d+)$", result.stdout, re.M).groups()
+    return int(calls), int(buckets)
 
 
 @needs_horovod
@@ -27,20 +29,18 @@ def report(result):
     ({"MCALLREDUCE_ALGORITHM": "ring", "MCALLREDUCE_HOROVOD": "0"}, False),   # 0 wins
 ])
 def test_unmodified_script(env, active):
-    result = mpi_job(2, "unmodified.py", env=env)
-    seen = report(result)
-    assert seen["SUM"] == "3" and seen["WEIGHTS_EQUAL"] == "True", seen
-    assert seen["PATCHED"] == str(active)
+    result = mpi_job(2, "unmodified.py", "plugin" if active else "stock", env=env)
+    calls, _ = routed(result)
     lines = [l for l in result.stderr.splitlines() if "allreduce active" in l]
     if active:
         algorithm = env.get("MCALLREDUCE_ALGORITHM", "multicolor")
         assert len(lines) == 1 and re.search(
             rf"^mcallreduce \S+: {algorithm} allreduce active \(ranks=2, hosts=1, colors=auto\)$", lines[0]), lines
-        assert seen["ROUTED"].startswith("1 BUCKETS ") and not seen["ROUTED"].endswith(" 0"), seen
+        assert calls == 1, result.stdout     # the one hvd.allreduce; the optimizer's go as buckets
     else:
-        assert lines == [] and seen["ROUTED"] == "0 BUCKETS 0", seen
-    # nothing else on stdout: only the script's own four lines
-    assert len(result.stdout.splitlines()) == 4, result.stdout
+        assert lines == [], lines
+    # nothing else on stdout: the plugin prints nothing there
+    assert len(result.stdout.splitlines()) == 1, result.stdout
 
 
 def test_unset_costs_no_import():
@@ -70,19 +70,13 @@ def test_horovodrun_launch(env, active):
                      "OMPI_MCA_mpi_yield_when_idle": "1", "PYTHONWARNINGS": "ignore::DeprecationWarning"})
     full_env.update(env)
     script = os.path.join(os.path.dirname(__file__), "mpi", "unmodified.py")
-    result = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", sys.executable, script],
+    result = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", sys.executable, script,
+                             "plugin" if active else "stock"],
                             env=full_env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, explain(result)
+    assert result.returncode == 0, explain(result)   # the script checked the plugin's state itself
     output = result.stdout + result.stderr
-    # --tag-output prefixes rank 0's output with "[1,0]<stdout>:" (a tag may also trail a line
-    # when the newline arrives in a separate write), so read each value up to the next tag
-    seen = {k: v.strip() for k, v in
-            re.findall(r"\[\d+,0\]<stdout>:(SUM|WEIGHTS_EQUAL|PATCHED|ROUTED) ([^\[\n]*)", output)}
-    assert seen.get("SUM") == "3" and seen.get("WEIGHTS_EQUAL") == "True", output[-3000:]
-    assert seen["PATCHED"] == str(active)
     activation = re.findall(r"mcallreduce \S+: multicolor allreduce active \(ranks=2, hosts=1, colors=auto\)", output)
     assert len(activation) == (1 if active else 0), output[-3000:]
-    assert (seen["ROUTED"] != "0 BUCKETS 0") == active, seen
 
 
 @needs_horovod
@@ -99,13 +93,13 @@ def test_routed_calls_are_in_a_chrome_trace_on_every_rank(tmp_path, variant):
     env = {"MCALLREDUCE_HOROVOD": "1", "MCALLREDUCE_TIMELINE": str(tmp_path / "t.json")}
     if variant != "defaults":   # a schedule of two colors instead of the one-host shared-memory stage
         env.update(MCALLREDUCE_SHM_BYTES="0", MCALLREDUCE_COLORS="2", MCALLREDUCE_TUNING_FILE="none")
-    result = mpi_job(2, "unmodified.py", env=env)
-    seen = report(result)
+    result = mpi_job(2, "unmodified.py", "plugin", env=env)
+    calls, buckets = routed(result)
     for rank in (0, 1):
         trace = json.loads((tmp_path / f"t.mcallreduce.rank{rank}.json").read_text())
         events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
         data = [e for e in events if e["tid"] == 1]
-        assert len(data) == int(seen["ROUTED"].split()[0]) + int(seen["ROUTED"].split()[2]), (events, seen)
+        assert len(data) == calls + buckets, (events, calls, buckets)
         assert all(e["dur"] >= 0 and e["pid"] == rank for e in events)
         assert any(e["cat"] == "gradient bucket" for e in data) and any(e["args"]["bytes"] == 4000 for e in data)
         assert len([e for e in events if e["tid"] == 0]) == len(data)   # one metadata check per call
@@ -146,8 +140,7 @@ def test_under_horovods_gloo_controller_the_plugin_declines_and_stock_runs():
            "MCALLREDUCE_ALGORITHM": "multicolor", "PYTHONPATH": str(REPO),
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     result = subprocess.run([horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable,
-                             str(REPO / "tests" / "horovod" / "mpi" / "unmodified.py")],
+                             str(REPO / "tests" / "horovod" / "mpi" / "unmodified.py"), "declined"],
                             capture_output=True, text=True, timeout=180, env=env)
-    assert result.returncode == 0, explain(result)
-    assert "[0]<stdout>:SUM 3" in result.stdout and "[0]<stdout>:ROUTED 0 BUCKETS 0" in result.stdout, explain(result)
+    assert result.returncode == 0, explain(result)   # the script checked that nothing was routed
     assert result.stderr.count("the Gloo controller (horovodrun --gloo) is not supported") == 2, explain(result)
