@@ -100,3 +100,21 @@ def test_records_name_the_command_as_typed_not_a_local_path():
     from mcallreduce.bench.output import subcommand_command
     assert subcommand_command("e2e", ["--runs", "3"]) == ["python", "-m", "mcallreduce.bench", "e2e", "--runs", "3"]
     assert subcommand_command("ddp", []) == ["python", "-m", "mcallreduce.bench", "ddp"]
+
+
+def test_e2e_arm_variants_add_variables_to_their_arm():
+    from mcallreduce.bench import e2e
+    data, env, more = e2e.arm_settings("thread:MCALLREDUCE_BUCKET_BYTES=2M:HOROVOD_CYCLE_TIME=5")
+    assert (data, more) == e2e.ARMS["thread"][::2]
+    assert env == {**e2e.ARMS["thread"][1], "MCALLREDUCE_BUCKET_BYTES": "2M", "HOROVOD_CYCLE_TIME": "5"}
+    assert e2e.arm_settings("memory:MCALLREDUCE_HOROVOD=1")[1]["MCALLREDUCE_HOROVOD"] == "1"   # the arm's own is overridden
+    for bad in ("fast", "thread:BUCKET", "thread:=2M"):
+        try:
+            e2e.arm_settings(bad)
+        except ValueError as exc:
+            assert repr(bad.split(":")[0]) in str(exc) or "ARM:NAME=VALUE" in str(exc)
+        else:
+            raise AssertionError(f"{bad!r} was accepted")
+    r = run(1, [sys.executable, "-m", "mcallreduce.bench", "e2e", "--tree", "/nonexistent", "--arms", "thread:X"],
+            timeout=60)
+    assert r.returncode != 0 and "expected ARM:NAME=VALUE" in r.stderr

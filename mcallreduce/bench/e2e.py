@@ -14,6 +14,9 @@ to start, a wait that a real epoch of thousands of steps hides and a short one h
 - ``local`` (not run unless named): ``memory`` without the gradient allreduce (``--local-gradients``),
   the ceiling that no allreduce can pass: the arms' ratios to it bound what a faster one could give.
 
+An arm named ``ARM:NAME=VALUE[:NAME=VALUE...]`` is ARM with those variables added to its own, so
+settings are compared in one run, alternated like the arms (``thread:MCALLREDUCE_BUCKET_BYTES=2M``).
+
 With ``--read-limit``, the tree is copied onto a loop disk of its own, read through the
 kernel's block throttle (data/throttle.py) at that many bytes/s per host (the whole job
 gets hosts x that), and its pages are dropped from the page cache every ``--evict-every``
@@ -52,6 +55,18 @@ ARMS = {   # name: (--data, environment, more of the example's arguments)
     "local": ("memory", STOCK, ("--local-gradients",)),
 }
 DEFAULT_ARMS = ("stock", "memory", "multicolor", "thread")
+
+
+def arm_settings(spec: str):
+    """(--data, environment, more arguments) of an arm: a name of ARMS, or ``ARM:NAME=VALUE...``."""
+    base, *assignments = spec.split(":")
+    if base not in ARMS:
+        raise ValueError(f"unknown arm {base!r} in {spec!r}; choose from {', '.join(ARMS)}")
+    bad = [a for a in assignments if "=" not in a or not a.split("=", 1)[0]]
+    if bad:
+        raise ValueError(f"arm {spec!r}: expected ARM:NAME=VALUE, got {':'.join(bad)!r}")
+    data, env, more = ARMS[base]
+    return data, {**env, **dict(a.split("=", 1) for a in assignments)}, more
 PARTS = ("data", "forward_backward", "allreduce", "optimizer", "metrics")
 
 
@@ -175,7 +190,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--tree", required=True, help="holds train/ and val/ (made by make-imagenet-like if absent)")
     parser.add_argument("--train-per-class", type=int, default=64, help="when the tree is made here")
     parser.add_argument("--val-per-class", type=int, default=4, help="when the tree is made here")
-    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                        help=f"comma-separated, of {', '.join(ARMS)}; ARM:NAME=VALUE adds a variable to ARM's")
     parser.add_argument("--runs", type=int, default=2, help="rounds; each runs every arm once, alternated")
     parser.add_argument("--read-limit", default="0", help="disk reads per host, bytes/s (suffixes K, M); 0: none")
     parser.add_argument("--evict-every", type=float, default=1.0,
@@ -192,8 +208,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ns = parser.parse_args(argv)
     ns.example_args = [a for a in ns.example_args if a != "--"]
     arms = [a for a in ns.arms.split(",") if a]
-    if set(arms) - set(ARMS):
-        parser.error(f"unknown arms {sorted(set(arms) - set(ARMS))}; choose from {', '.join(ARMS)}")
+    try:
+        settings = {arm: arm_settings(arm) for arm in arms}
+    except ValueError as exc:
+        parser.error(str(exc))
     extra_env = launch.exported_env(ns.env)
     from ..data.format import pack
     from ..data.photos import make_imagenet_like
@@ -232,7 +250,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
         for round_ in range(ns.runs):
             for arm in (arms if round_ % 2 == 0 else arms[::-1]):    # neither arm always first
-                data, env, more = ARMS[arm]
+                data, env, more = settings[arm]
                 dirs = folders if data == "folder" else stores
                 sampler = ThreadCpu(str(example.EXAMPLE)) if ns.cpu_by_thread else None
                 if sampler:
