@@ -40,7 +40,7 @@ class _Torch:
     def device_view(buf):
         if not buf.is_contiguous():
             raise ValueError("mcallreduce: tensor is not contiguous; call .contiguous() first")
-        return buf
+        return buf.detach()   # the same memory; a parameter that requires grad is written as on the host
 
     @staticmethod
     def device_of(buf) -> Tuple[str, int]:

@@ -14,13 +14,11 @@ requires_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
 @requires_cuda
 @pytest.mark.parametrize("np_", [1, 2, 3])
 def test_cuda_tensors_reduce_bitwise_as_host_buffers(np_):
-    out = passed(mpi_script(np_, "gpu_buffers.py", "torch", timeout=600))
-    assert out.count("ok ") == 5, out
+    assert f"(torch, {np_} ranks)" in passed(mpi_script(np_, "gpu_buffers.py", "torch", timeout=600))
 
 
 @requires_cuda
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is None, reason="CuPy is not installed")
 @pytest.mark.parametrize("np_", [2])
 def test_cupy_arrays_reduce_bitwise_as_host_buffers(np_):
-    out = passed(mpi_script(np_, "gpu_buffers.py", "cupy", timeout=600))
-    assert out.count("ok ") == 5, out
+    assert f"(cupy, {np_} ranks)" in passed(mpi_script(np_, "gpu_buffers.py", "cupy", timeout=600))

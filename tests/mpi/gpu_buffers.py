@@ -90,6 +90,16 @@ def out_leaves_the_input_alone() -> None:
     check(np.array_equal(to_host(out), mcallreduce.allreduce(data.copy(), op="sum")), "out=: wrong result")
 
 
+def a_parameter_that_requires_grad() -> None:
+    """As on the host (as Horovod's broadcast_parameters and allreduce_ do): written in place."""
+    if LIB != "torch":
+        return
+    weight = torch.nn.Parameter(torch.full((10,), float(rank + 1), device=DEV))
+    mcallreduce.allreduce(weight)
+    check(torch.equal(weight.detach().cpu(), torch.full((10,), size * (size + 1) / 2)), "parameter: wrong result")
+    check(weight.requires_grad and weight.grad_fn is None, "parameter: no longer a leaf that requires grad")
+
+
 def many_in_flight_with_callbacks() -> None:
     """Buckets of one size in flight together (each needs its own pinned buffer), finished in any
     order; every callback already sees its result on the GPU."""
@@ -147,6 +157,7 @@ def bad_buffers_raise_on_every_rank() -> None:
 
 for name, fn in [("every_dtype_op_and_algorithm", every_dtype_op_and_algorithm),
                  ("out_leaves_the_input_alone", out_leaves_the_input_alone),
+                 ("a_parameter_that_requires_grad", a_parameter_that_requires_grad),
                  ("many_in_flight_with_callbacks", many_in_flight_with_callbacks),
                  ("bad_buffers_raise_on_every_rank", bad_buffers_raise_on_every_rank),
                  ("many_in_flight_on_the_progress_thread", many_in_flight_with_callbacks)]:

@@ -7,8 +7,9 @@ compressed to float16 (PyTorch's compression hook, or its wrapper around ours)
 agree to 1e-2 relative after the 20 steps wherever they are not bitwise: beyond 2 ranks such
 sums in another order differ in the last bit, and a wrapped hook averages after the sum where
 PyTorch's own compression hook divides first (in 16 bits, where small gradients lose bits).
-On the backend, PowerSGD's allreduces of its low-rank factors run on the group. The exit
-status is the result: 0 when every check passed on every rank.
+On CUDA, buckets compressed to bfloat16 are checked the same way. On the backend, PowerSGD's
+allreduces of its low-rank factors run on the group. The exit status is the result: 0 when
+every check passed on every rank.
 """
 import sys
 
@@ -60,6 +61,10 @@ if ARM == "backend":
 # torch refuses its bfloat16 compression hooks without CUDA and NCCL: only float16 here
 COMPRESSED = {"fp16_compress": default_hooks.fp16_compress_hook}
 WRAPPERS = {"fp16_compress": default_hooks.fp16_compress_wrapper}
+if DEVICE.type == "cuda":   # torch allows its bfloat16 compression only with CUDA and NCCL
+    OPTIONS["bf16_compress"] = {}
+    COMPRESSED["bf16_compress"] = default_hooks.bf16_compress_hook
+    WRAPPERS["bf16_compress"] = default_hooks.bf16_compress_wrapper
 
 
 def train(variant: str, arm: str):
