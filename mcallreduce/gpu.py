@@ -3,7 +3,8 @@
 The executor reduces host memory over MPI, which need not be CUDA-aware. A GPU buffer is
 copied into a pinned host buffer when its allreduce starts, reduced there, and copied back
 before its handle reports it done, so ``wait()``, ``test()`` and done-callbacks see the
-result on the GPU. The copies run on the caller's current CUDA stream and are waited for.
+result on the GPU. The copy to the host runs on the caller's current CUDA stream (so it sees
+the work queued before the call), the copy back on the finishing thread's; both are waited for.
 Pinned buffers are pooled by size: pinning memory costs far more than copying into it.
 docs/gpu.md has what the copies cost, measured.
 """

@@ -55,6 +55,7 @@ ARMS = {   # name: (--data, environment, more of the example's arguments)
     "local": ("memory", STOCK, ("--local-gradients",)),
 }
 DEFAULT_ARMS = ("stock", "memory", "multicolor", "thread")
+PARTS = ("data", "forward_backward", "allreduce", "optimizer", "metrics")
 
 
 def arm_settings(spec: str):
@@ -67,7 +68,6 @@ def arm_settings(spec: str):
         raise ValueError(f"arm {spec!r}: expected ARM:NAME=VALUE, got {':'.join(bad)!r}")
     data, env, more = ARMS[base]
     return data, {**env, **dict(a.split("=", 1) for a in assignments)}, more
-PARTS = ("data", "forward_backward", "allreduce", "optimizer", "metrics")
 
 
 class Evictor(threading.Thread):
