@@ -5,7 +5,8 @@ copied into a pinned host buffer when its allreduce starts, reduced there, and c
 before its handle reports it done, so ``wait()``, ``test()`` and done-callbacks see the
 result on the GPU. The copy to the host runs on the caller's current CUDA stream (so it sees
 the work queued before the call), the copy back on the finishing thread's; both are waited for.
-Pinned buffers are pooled by size: pinning memory costs far more than copying into it.
+Pinned buffers are pooled by size: pinning memory costs far more than copying into it. The
+pool keeps a bounded amount: page-locked memory is taken from the whole machine.
 docs/gpu.md has what the copies cost, measured.
 """
 from __future__ import annotations
@@ -15,12 +16,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .memory import as_array
-
 __all__ = ["is_gpu_buffer", "Staging"]
 
 _MIN_CLASS_BYTES = 1 << 16   # pinned buffers come in powers of two from here, so near sizes share one
 _FREE_PER_CLASS = 4          # released buffers kept per size; more are unpinned
+_FREE_BYTES = 1 << 30        # and at most this much in all, whatever the mix of sizes
 
 
 def is_gpu_buffer(buf: Any) -> bool:
@@ -110,9 +110,10 @@ class _CuPy:
 class _PinnedPool:
     """Released pinned buffers, by library and size class, for the next call of a similar size."""
 
-    def __init__(self) -> None:
+    def __init__(self, free_bytes: int = _FREE_BYTES) -> None:
         self._lock = threading.Lock()
         self._free: Dict[Tuple[str, int], List[Tuple[Any, Any]]] = {}
+        self.free_bytes, self._cap = 0, free_bytes
 
     def take(self, lib, nbytes: int) -> Tuple[Tuple[str, int], Any, Any]:
         size = max(_MIN_CLASS_BYTES, 1 << max(0, nbytes - 1).bit_length())
@@ -120,14 +121,16 @@ class _PinnedPool:
         with self._lock:
             free = self._free.get(key)
             if free:
+                self.free_bytes -= size
                 return (key, *free.pop())
         return (key, *lib.pinned(size))
 
     def give(self, key: Tuple[str, int], buffer: Tuple[Any, Any]) -> None:
         with self._lock:
             free = self._free.setdefault(key, [])
-            if len(free) < _FREE_PER_CLASS:
+            if len(free) < _FREE_PER_CLASS and self.free_bytes + key[1] <= self._cap:
                 free.append(buffer)
+                self.free_bytes += key[1]
 
 
 _POOL = _PinnedPool()
@@ -142,6 +145,7 @@ class Staging:
     """
 
     def __init__(self, buf: Any, out: Any = None):
+        from .memory import as_array   # here, not at import: the pool is usable without MPI
         if not is_gpu_buffer(buf) or (out is not None and not is_gpu_buffer(out)):
             raise ValueError("mcallreduce: buf and out must both be GPU buffers or both host buffers")
         self._lib = _Torch if type(buf).__module__.startswith("torch") else _CuPy
