@@ -6,21 +6,33 @@ before its handle reports it done, so ``wait()``, ``test()`` and done-callbacks 
 result on the GPU. The copy to the host runs on the caller's current CUDA stream (so it sees
 the work queued before the call), the copy back on the finishing thread's; both are waited for.
 Pinned buffers are pooled by size: pinning memory costs far more than copying into it. The
-pool keeps a bounded amount: page-locked memory is taken from the whole machine.
+pool keeps a bounded amount; what it lets go returns to torch's or CuPy's own pinned cache.
 docs/gpu.md has what the copies cost, measured.
 """
 from __future__ import annotations
 
+import collections
+import sys
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["is_gpu_buffer", "Staging"]
+__all__ = ["is_gpu_buffer", "Staging", "StagingError"]
 
 _MIN_CLASS_BYTES = 1 << 16   # pinned buffers come in powers of two from here, so near sizes share one
-_FREE_PER_CLASS = 4          # released buffers kept per size; more are unpinned
+_FREE_PER_CLASS = 4          # released buffers kept per size; more go back to the library's cache
 _FREE_BYTES = 1 << 30        # and at most this much in all, whatever the mix of sizes
+_QUARANTINED = 4             # failed calls' buffers held (never reused) before the oldest is let go
+
+
+class StagingError(RuntimeError):
+    """Copying a GPU buffer to pinned host memory failed (no pinned memory left, a CUDA error)."""
+
+
+def _is_torch(buf: Any) -> bool:
+    torch = sys.modules.get("torch")   # never imported here: a CuPy user need not have torch
+    return torch is not None and isinstance(buf, torch.Tensor)
 
 
 def is_gpu_buffer(buf: Any) -> bool:
@@ -28,9 +40,12 @@ def is_gpu_buffer(buf: Any) -> bool:
     ``__cuda_array_interface__``."""
     if buf is None or isinstance(buf, np.ndarray):
         return False
-    if type(buf).__module__.startswith("torch"):
+    if _is_torch(buf):
         return buf.device.type == "cuda"
-    return hasattr(buf, "__cuda_array_interface__")
+    try:
+        return hasattr(buf, "__cuda_array_interface__")
+    except Exception:   # noqa: BLE001  (a property that raises: not a buffer this can reduce)
+        return False
 
 
 class _Torch:
@@ -56,6 +71,11 @@ class _Torch:
     @staticmethod
     def host_view(raw, like):
         return raw[:like.numel() * like.element_size()].view(like.dtype)   # stays a pinned torch tensor
+
+    @staticmethod
+    def empty_host(like):
+        import torch
+        return torch.empty(0, dtype=like.dtype)
 
     @staticmethod
     def to_host(src, host) -> None:
@@ -97,14 +117,21 @@ class _CuPy:
         return raw[:like.nbytes].view(like.dtype)
 
     @staticmethod
+    def empty_host(like):
+        return np.empty(0, like.dtype)
+
+    @staticmethod
     def to_host(src, host) -> None:
         with src.device:
             src.reshape(-1).get(out=host)   # blocking, on the current stream
 
     @staticmethod
     def to_device(host, dst) -> None:
+        import cupy
         with dst.device:
-            dst.reshape(-1).set(host)
+            stream = cupy.cuda.get_current_stream()
+            dst.reshape(-1).set(host, stream=stream)   # from pinned memory this copy is asynchronous
+            stream.synchronize()
 
 
 class _PinnedPool:
@@ -114,6 +141,7 @@ class _PinnedPool:
         self._lock = threading.Lock()
         self._free: Dict[Tuple[str, int], List[Tuple[Any, Any]]] = {}
         self.free_bytes, self._cap = 0, free_bytes
+        self._quarantine: Deque[Tuple[Any, Any]] = collections.deque(maxlen=_QUARANTINED)
 
     def take(self, lib, nbytes: int) -> Tuple[Tuple[str, int], Any, Any]:
         size = max(_MIN_CLASS_BYTES, 1 << max(0, nbytes - 1).bit_length())
@@ -132,6 +160,12 @@ class _PinnedPool:
                 free.append(buffer)
                 self.free_bytes += key[1]
 
+    def quarantine(self, buffer: Tuple[Any, Any]) -> None:
+        """Hold a failed call's buffer: a peer's late message may still land in it, and memory let
+        go would be handed out again at once by the library's pinned cache."""
+        with self._lock:
+            self._quarantine.append(buffer)
+
 
 _POOL = _PinnedPool()
 
@@ -141,32 +175,42 @@ class Staging:
 
     ``host`` (a numpy view) is what the executor reduces; :meth:`finish` copies the result to
     the GPU (``out``, else ``buf``) unless the call failed, and releases the host buffer.
-    Raises TypeError or ValueError, before copying anything, for what cannot be reduced.
+    Raises TypeError or ValueError, before taking pinned memory, for what cannot be reduced,
+    and StagingError when pinning or copying fails.
     """
 
     def __init__(self, buf: Any, out: Any = None):
         from .memory import as_array   # here, not at import: the pool is usable without MPI
         if not is_gpu_buffer(buf) or (out is not None and not is_gpu_buffer(out)):
             raise ValueError("mcallreduce: buf and out must both be GPU buffers or both host buffers")
-        self._lib = _Torch if type(buf).__module__.startswith("torch") else _CuPy
+        self._lib = _Torch if _is_torch(buf) else _CuPy
         src = self._lib.device_view(buf)
         dst = src
         if out is not None:
-            if (type(out).__module__.startswith("torch")) != (self._lib is _Torch):
+            if _is_torch(out) != (self._lib is _Torch):
                 raise TypeError("mcallreduce: buf and out must both be torch tensors or both CuPy arrays")
             dst = self._lib.device_view(out)
             if self._lib.device_of(dst) != self._lib.device_of(src):
                 raise ValueError(f"mcallreduce: out is on {self._lib.device_of(dst)}, buf on "
                                  f"{self._lib.device_of(src)}")
         nbytes = src.nbytes
-        self._key, owner, raw = _POOL.take(self._lib, nbytes)
-        self._buffer = (owner, raw)
-        host = self._lib.host_view(raw, src)
-        self.host = as_array(host)          # the dtype checks of host buffers
         if dst is not src and (dst.dtype != src.dtype or dst.nbytes != nbytes):
             raise ValueError(f"mcallreduce: out has {dst.nbytes} bytes of {dst.dtype}, buf {nbytes} of {src.dtype}")
-        self._lib.to_host(src, host)
+        as_array(self._lib.empty_host(src))   # the dtype checks of host buffers, before pinning anything
+        try:
+            self._key, owner, raw = _POOL.take(self._lib, nbytes)
+            self._buffer = (owner, raw)
+            host = self._lib.host_view(raw, src)
+            self.host = as_array(host)
+            self._lib.to_host(src, host)
+        except Exception as exc:   # noqa: BLE001  (no pinned memory left, a CUDA error: raised on every rank)
+            raise StagingError(f"mcallreduce: staging the GPU buffer in pinned host memory failed: {exc}") from exc
         self._host, self._dst = host, dst
+
+    def abandon(self) -> None:
+        """The call never started: give the host buffer back for the next one."""
+        _POOL.give(self._key, self._buffer)
+        self._host = self._dst = self._buffer = self.host = None
 
     def finish(self, error: Optional[BaseException]) -> Optional[BaseException]:
         """After the reduction (``error`` is its outcome): the call's outcome once copied back."""
@@ -176,7 +220,9 @@ class Staging:
             except Exception as exc:   # noqa: BLE001  (the handle reports it)
                 error = RuntimeError(f"mcallreduce: copying the result back to the GPU failed: {exc}")
                 error.__cause__ = exc
-        if error is None:   # a failed call may leave messages landing in its buffer: never reuse it
+        if error is None:
             _POOL.give(self._key, self._buffer)
+        else:
+            _POOL.quarantine(self._buffer)
         self._host = self._dst = self._buffer = self.host = None
         return error

@@ -23,7 +23,7 @@ from . import config as _config
 from .algorithms import build_schedule
 from .config import MPI_ALGORITHMS, Config, ConfigError
 from .engine import MAX_SCHEDULE_TAGS, TAG_SPAN, Engine, Handle
-from .gpu import Staging, is_gpu_buffer
+from .gpu import Staging, StagingError, is_gpu_buffer
 from .lowering import lower
 from .memory import SharedWindow, as_array
 from .metadata import DTYPE_CODE, DTYPES, FIELDS, OP_CODE, REJECT_BUFFER, REJECT_CONFIG, mismatch, vector
@@ -270,7 +270,9 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
             else:
                 arr = _host_array(buf, out)
             plan = ctx.plan(config, arr.size, arr.dtype, op, prescale, postscale)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, StagingError) as exc:
+            if staging is not None:    # staged, then the plan failed: nothing was sent
+                staging.abandon()
             if not config.check:
                 raise
             with ctx.submit_lock:

@@ -112,6 +112,9 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         if len(tensors) != 1:
             raise ValueError(f"mcallreduce backend: allreduce of {len(tensors)} tensors per call; pass one")
         tensor = tensors[0]
+        if tensor.device.type != "cpu":   # registered for CPU; GPU buckets go to the hook on a gloo group
+            raise ValueError(f"mcallreduce backend: expected a CPU tensor, got {tensor.device}; on the GPU "
+                             "use mcallreduce.ddp.multicolor_hook on a gloo group")
         work, finish = reducible(tensor)
         handle = self._allreduce_async(work, op=op, comm=self._comm)
         self._in_flight = [h for h in self._in_flight if not h.done] + [handle]

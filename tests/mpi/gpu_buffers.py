@@ -1,7 +1,8 @@
 """GPU buffers: each rank's allreduce of CUDA torch tensors (and CuPy arrays, where CuPy is
 installed) is bitwise the result the same call gives on a host buffer, for every dtype, op
 and algorithm; ``out=``, async handles and done-callbacks see the result on the GPU, with and
-without the progress thread; a GPU buffer that cannot be reduced raises on every rank.
+without the progress thread; a GPU buffer that cannot be reduced, or whose staging fails on one
+rank, raises on every rank.
 
     python -m mcallreduce.launch -np 2 -- python tests/mpi/gpu_buffers.py torch|cupy
 
@@ -155,11 +156,31 @@ def bad_buffers_raise_on_every_rank() -> None:
           "after the errors: wrong result")
 
 
+def a_failed_staging_on_one_rank_raises_everywhere() -> None:
+    """No pinned memory left on rank 0 (injected): rank 0 raises StagingError, the others MismatchError."""
+    from mcallreduce import gpu
+
+    def exhausted(*args):
+        raise RuntimeError("out of pinned memory (injected)")
+
+    if rank == 0:
+        gpu._POOL.take = exhausted
+    try:
+        raises_everywhere(lambda: mcallreduce.allreduce(to_gpu(np.ones(1000, np.float32))), gpu.StagingError,
+                          "no pinned memory on rank 0")
+    finally:
+        gpu._POOL.__dict__.pop("take", None)
+    data = host_data(100, "float32", 11)
+    check(np.array_equal(to_host(mcallreduce.allreduce(to_gpu(data))), mcallreduce.allreduce(data.copy())),
+          "after a failed staging: wrong result")
+
+
 for name, fn in [("every_dtype_op_and_algorithm", every_dtype_op_and_algorithm),
                  ("out_leaves_the_input_alone", out_leaves_the_input_alone),
                  ("a_parameter_that_requires_grad", a_parameter_that_requires_grad),
                  ("many_in_flight_with_callbacks", many_in_flight_with_callbacks),
                  ("bad_buffers_raise_on_every_rank", bad_buffers_raise_on_every_rank),
+                 ("a_failed_staging_on_one_rank_raises_everywhere", a_failed_staging_on_one_rank_raises_everywhere),
                  ("many_in_flight_on_the_progress_thread", many_in_flight_with_callbacks)]:
     if name == "many_in_flight_on_the_progress_thread":
         runtime.start_progress_thread()
