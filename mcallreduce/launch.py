@@ -103,7 +103,8 @@ def run(
     # clean exit only; a job killed here (SIGKILL) would leave them. Each job gets its own
     # backing directory, removed whatever happened.
     shm = tempfile.mkdtemp(prefix="mcallreduce-mpi-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    mca = {"btl_vader_backing_directory": shm, **(kwargs.pop("mca", None) or {})}
+    # the transport's name in Open MPI 4 (vader) and 5 (sm); each ignores the other's
+    mca = {"btl_vader_backing_directory": shm, "btl_sm_backing_directory": shm, **(kwargs.pop("mca", None) or {})}
     cmd = mpirun_command(np, argv, env=env, mca=mca, **kwargs)
     full_env = dict(os.environ)
     full_env.update(env or {})
