@@ -4,7 +4,10 @@ The executor reduces host memory over MPI, which need not be CUDA-aware. A GPU b
 copied into a pinned host buffer when its allreduce starts, reduced there, and copied back
 before its handle reports it done, so ``wait()``, ``test()`` and done-callbacks see the
 result on the GPU. The copy to the host runs on the caller's current CUDA stream (so it sees
-the work queued before the call), the copy back on the finishing thread's; both are waited for.
+the work queued before the call). The copy back of a call that may have let the caller go on
+(asynchronous, or finished by another thread) runs on a stream of its own per device, so that
+it never waits behind the caller's later work; a blocking call finished at once copies back on
+the caller's stream, which has nothing new on it and costs less to reach. Both are waited for.
 Pinned buffers are pooled by size: pinning memory costs far more than copying into it. The
 pool keeps a bounded amount; what it lets go returns to torch's or CuPy's own pinned cache.
 docs/gpu.md has what the copies cost, measured.
@@ -48,6 +51,19 @@ def is_gpu_buffer(buf: Any) -> bool:
         return False
 
 
+_COPY_STREAMS: Dict[Tuple[str, int], Any] = {}
+_COPY_STREAMS_LOCK = threading.Lock()
+
+
+def _copy_stream(key: Tuple[str, int], make) -> Any:
+    """The stream the copies back run on, one per library and device: not the finishing thread's
+    default stream, where the copy would wait for everything the training queued there."""
+    with _COPY_STREAMS_LOCK:
+        if key not in _COPY_STREAMS:
+            _COPY_STREAMS[key] = make()
+        return _COPY_STREAMS[key]
+
+
 class _Torch:
     """CUDA torch tensors, staged through pinned torch tensors."""
     name = "torch"
@@ -82,8 +98,15 @@ class _Torch:
         host.copy_(src.reshape(-1))      # blocking: waits for the work queued on the current stream
 
     @staticmethod
-    def to_device(host, dst) -> None:
-        dst.reshape(-1).copy_(host)
+    def to_device(host, dst, own_stream: bool) -> None:
+        if not own_stream:
+            dst.reshape(-1).copy_(host)   # blocking, on the current stream
+            return
+        import torch
+        stream = _copy_stream(("torch", dst.device.index), lambda: torch.cuda.Stream(dst.device))
+        with torch.cuda.stream(stream):
+            dst.reshape(-1).copy_(host, non_blocking=True)
+        stream.synchronize()
 
 
 class _CuPy:
@@ -126,10 +149,11 @@ class _CuPy:
             src.reshape(-1).get(out=host)   # blocking, on the current stream
 
     @staticmethod
-    def to_device(host, dst) -> None:
+    def to_device(host, dst, own_stream: bool) -> None:
         import cupy
         with dst.device:
-            stream = cupy.cuda.get_current_stream()
+            stream = (_copy_stream(("cupy", dst.device.id), lambda: cupy.cuda.Stream(non_blocking=True))
+                      if own_stream else cupy.cuda.get_current_stream())
             dst.reshape(-1).set(host, stream=stream)   # from pinned memory this copy is asynchronous
             stream.synchronize()
 
@@ -212,11 +236,13 @@ class Staging:
         _POOL.give(self._key, self._buffer)
         self._host = self._dst = self._buffer = self.host = None
 
-    def finish(self, error: Optional[BaseException]) -> Optional[BaseException]:
-        """After the reduction (``error`` is its outcome): the call's outcome once copied back."""
+    def finish(self, error: Optional[BaseException], on_callers_stream: bool = False) -> Optional[BaseException]:
+        """After the reduction (``error`` is its outcome): the call's outcome once copied back.
+        ``on_callers_stream``: the caller has been inside the call since it was staged, on this
+        thread, so its stream has nothing queued after the copy to the host."""
         if error is None:
             try:
-                self._lib.to_device(self._host, self._dst)
+                self._lib.to_device(self._host, self._dst, own_stream=not on_callers_stream)
             except Exception as exc:   # noqa: BLE001  (the handle reports it)
                 error = RuntimeError(f"mcallreduce: copying the result back to the GPU failed: {exc}")
                 error.__cause__ = exc

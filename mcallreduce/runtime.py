@@ -291,7 +291,7 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
                     finisher(exc)
                 raise
             if ran:
-                error = finisher(None) if finisher is not None else None
+                error = staging.finish(None, on_callers_stream=True) if staging is not None else None
                 if error is not None:
                     raise error
                 return result

@@ -1,8 +1,9 @@
 """GPU buffers: each rank's allreduce of CUDA torch tensors (and CuPy arrays, where CuPy is
 installed) is bitwise the result the same call gives on a host buffer, for every dtype, op
 and algorithm; ``out=``, async handles and done-callbacks see the result on the GPU, with and
-without the progress thread; a GPU buffer that cannot be reduced, or whose staging fails on one
-rank, raises on every rank.
+without the progress thread; the copy back does not wait for work queued on the default stream
+after the call; a GPU buffer that cannot be reduced, or whose staging fails on one rank, raises
+on every rank.
 
     python -m mcallreduce.launch -np 2 -- python tests/mpi/gpu_buffers.py torch|cupy
 
@@ -125,6 +126,34 @@ def many_in_flight_with_callbacks() -> None:
         check(np.array_equal(to_host(bufs[i]), want), f"async bucket {i}: wrong result")
 
 
+def the_copy_back_does_not_wait_for_the_callers_later_work() -> None:
+    """Work queued on the default stream after the call started (the rest of a backward pass)
+    does not hold up the result: wait() returns while that work still runs. Checked on rank 0,
+    whose peers join the call only once its work is queued (with one rank, nothing holds the
+    call back)."""
+    if size == 1:
+        return
+    data = host_data(100_000, "float32", 13)
+    want = mcallreduce.allreduce(data.copy())
+    buf = to_gpu(data)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.cuda._sleep(10 ** 7)
+    torch.cuda.synchronize()
+    cycles_per_s = 10 ** 7 / (time.perf_counter() - t0)
+    if rank == 0:
+        handle = mcallreduce.allreduce_async(buf)
+        torch.cuda._sleep(int(3 * cycles_per_s))   # about 3 s on the legacy default stream, which CuPy shares
+        comm.Barrier()
+        handle.wait()
+        check(not torch.cuda.default_stream().query(), "copy back: wait() returned only after later work")
+    else:
+        comm.Barrier()
+        mcallreduce.allreduce(buf)
+    check(np.array_equal(to_host(buf), want), "copy back past the default stream: wrong result")
+    comm.Barrier()
+
+
 def raises_everywhere(fn, local_exc, what: str) -> None:
     try:
         fn()
@@ -181,7 +210,9 @@ for name, fn in [("every_dtype_op_and_algorithm", every_dtype_op_and_algorithm),
                  ("many_in_flight_with_callbacks", many_in_flight_with_callbacks),
                  ("bad_buffers_raise_on_every_rank", bad_buffers_raise_on_every_rank),
                  ("a_failed_staging_on_one_rank_raises_everywhere", a_failed_staging_on_one_rank_raises_everywhere),
-                 ("many_in_flight_on_the_progress_thread", many_in_flight_with_callbacks)]:
+                 ("many_in_flight_on_the_progress_thread", many_in_flight_with_callbacks),
+                 ("the_copy_back_does_not_wait_for_the_callers_later_work",
+                  the_copy_back_does_not_wait_for_the_callers_later_work)]:
     if name == "many_in_flight_on_the_progress_thread":
         runtime.start_progress_thread()
     before = len(failures)
