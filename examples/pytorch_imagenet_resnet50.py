@@ -14,7 +14,8 @@ The multi-color allreduce needs no change here: set ``MCALLREDUCE_ALGORITHM=mult
 Each epoch, rank 0 prints and (with ``--log-dir``) writes metrics.json: loss, accuracy,
 img/s and every rank's time split into data wait, forward/backward, allreduce wait,
 optimizer step and metrics, with the epoch's first step also apart (it waits for the
-DataLoader's workers to start). Checkpoints as Horovod's (per epoch, resumed from the latest),
+DataLoader's workers to start); and, once, each rank's seconds to open its data (list the
+tree, or load its share of the store). Checkpoints as Horovod's (per epoch, resumed from the latest),
 and also within an epoch (``--checkpoint-steps``), resumed exactly.
 """
 import argparse
@@ -274,7 +275,8 @@ def log_epoch(record):
         os.makedirs(args.log_dir, exist_ok=True)
         path = os.path.join(args.log_dir, "metrics.json")
         with open(path + ".tmp", "w") as f:
-            json.dump({"args": vars(args), "size": hvd.size(), "epochs": history}, f, indent=1)
+            json.dump({"args": vars(args), "size": hvd.size(), "data_open_s": data_open_s, "epochs": history}, f,
+                      indent=1)
         os.replace(path + ".tmp", path)
 
 
@@ -303,6 +305,7 @@ if __name__ == "__main__":
     train_transform = TrainTransform(args.image_size, scale=(args.crop_scale, 1.0), flip=args.flip, seed=args.seed)
     val_transform = EvalTransform(args.image_size, resize=round(args.image_size * 8 / 7))
 
+    opened = time.perf_counter()
     if args.data == "folder":
         train_dataset = ImageFolder(args.train_dir, transform=train_transform)
         train_sampler = DistributedSampler(train_dataset, num_replicas=hvd.size(), rank=hvd.rank(), seed=args.seed)
@@ -313,6 +316,7 @@ if __name__ == "__main__":
         train_sampler = InMemoryDistributedSampler(train_dataset, shuffle_mode=args.shuffle, seed=args.seed)
         val_dataset = InMemoryImageFolder(args.val_dir, transform=val_transform)
         val_sampler = InMemoryDistributedSampler(val_dataset, shuffle=False)
+    data_open_s = hvd.allgather_object(time.perf_counter() - opened, name="data_open")   # per rank: scan or load
     if not hasattr(train_sampler, "state_dict"):     # a stock sampler keeps no position within an epoch
         train_sampler = ResumableSampler(train_sampler)
     train_loader = Loader(train_dataset, batch_size=allreduce_batch_size, sampler=train_sampler, **kwargs)

@@ -22,7 +22,9 @@ kernel's block throttle (data/throttle.py) at that many bytes/s per host (the wh
 gets hosts x that), and its pages are dropped from the page cache every ``--evict-every``
 seconds, so every epoch of ``stock`` reads from storage, as on a cluster whose data set
 exceeds its RAM. The memory arms open the tree packed once (``TREE.train.mcstore``,
-``TREE.val.mcstore``, on the system disk): their one-time load is not what is measured. With
+``TREE.val.mcstore``, on the system disk): their one-time load is not in the epochs. With
+``--stores-on-disk`` the stores sit on the throttled disk too, so that load reads through the
+same limit; every run reports its slowest rank's seconds to open its data. With
 ``--cpu-by-thread`` every run also reports the cores each kind of thread used (bench/thread_cpu.py).
 
     python -m mcallreduce.bench.cluster up --hosts 4 --rate 200mbit [--cpus-per-host 0.5]
@@ -96,7 +98,7 @@ def summarise(arm: str, metrics: dict, round_: int) -> dict:
     ranks = epoch["ranks"]
     row = {"arm": arm, "round": round_, "epoch": epoch["epoch"] + 1, "images": epoch["images"],
            "epoch_s": epoch["epoch_s"], "images_per_s": epoch["images_per_s"], "shares": _shares(ranks),
-           "val_accuracy": epoch["val_accuracy"], "ranks": ranks}
+           "val_accuracy": epoch["val_accuracy"], "ranks": ranks, "data_open_s": max(metrics["data_open_s"])}
     if epoch.get("first_step_s") is not None and epoch["images"] > epoch["first_step_images"]:
         rest = [{p: r[p] - f[p] for p in PARTS} for r, f in zip(ranks, epoch["ranks_first_step"])]
         row["steady"] = {"seconds": epoch["epoch_s"] - epoch["first_step_s"],
@@ -138,6 +140,17 @@ def steady_table(rows: List[dict]) -> str:
         if "steady" in row:
             by_arm.setdefault(row["arm"], []).append(row["steady"])
     return _arm_table(by_arm, "arm, after the first step", "s") if by_arm else ""
+
+
+def open_table(rows: List[dict]) -> str:
+    """Per arm: the seconds its slowest rank took to open its data once (list the tree, or load
+    the store), and that as epochs of the arm's own training."""
+    lines = ["| arm | opening the data, s per run | in epochs of its training |", "|---|---|---:|"]
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        runs = [r for r in rows if r["arm"] == arm]
+        lines.append(f"| {arm} | " + ", ".join(f"{r['data_open_s']:.1f}" for r in runs)
+                     + f" | {statistics.mean(r['data_open_s'] / r['epoch_s'] for r in runs):.2f} |")
+    return "\n".join(lines)
 
 
 def cpu_table(rows: List[dict]) -> str:
@@ -196,6 +209,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--read-limit", default="0", help="disk reads per host, bytes/s (suffixes K, M); 0: none")
     parser.add_argument("--evict-every", type=float, default=1.0,
                         help="with --read-limit: seconds between page-cache drops of the tree")
+    parser.add_argument("--stores-on-disk", action="store_true",
+                        help="with --read-limit: the memory arms load their packed stores through the throttle too")
     parser.add_argument("--epochs", type=int, default=2, help="per run; the last one is reported")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     parser.add_argument("-x", dest="env", action="append", default=[], metavar="NAME=VALUE",
@@ -229,10 +244,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if config is None:
         parser.error("no emulated cluster is up: python -m mcallreduce.bench.cluster up --hosts 4 --rate 200mbit")
     per_host = parse_size(ns.read_limit, "--read-limit")
+    if ns.stores_on_disk and not per_host:
+        parser.error("--stores-on-disk needs --read-limit: without a throttle the stores' disk is the system's")
     rows: List[dict] = []
     with contextlib.ExitStack() as stack:
         if per_host:     # the tree on a disk of its own, so the limit touches its reads only
-            disk_tree = stack.enter_context(LoopDisk(tree))
+            disk_tree = stack.enter_context(LoopDisk(tree, beside=list(stores.values()) if ns.stores_on_disk else ()))
+            if ns.stores_on_disk:
+                stores = {split: os.path.join(os.path.dirname(disk_tree), os.path.basename(store))
+                          for split, store in stores.items()}
             throttle = ReadThrottle(disk_tree)
             budget = cluster.cpu_budget.hierarchy if config.cpus_per_host is not None else None
             if throttle.hierarchy.version == 2 and budget is not None and budget.version == 2:
@@ -243,7 +263,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             disk_tree = tree
         folders = {split: os.path.join(disk_tree, split) for split in ("train", "val")}
         if per_host:
-            evictor = Evictor(list(folders.values()), ns.evict_every)
+            evictor = Evictor([os.path.dirname(disk_tree)], ns.evict_every)    # the tree, and the stores if there
             evictor.start()
             stack.callback(evictor.join)            # before the disk is unmounted (callbacks run last first)
             stack.callback(evictor.stopped.set)
@@ -269,7 +289,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                           if "steady" in row else "")
                 print(f"round {round_ + 1} {arm}: {row['images_per_s']:.2f} img/s{steady}, epoch {row['epoch_s']:.1f} s, "
                       + ", ".join(f"{p} {100 * s:.0f}%" for p, s in row["shares"].items()), flush=True)
-    text = "\n\n".join(t for t in (table(rows), steady_table(rows)) if t)
+    text = "\n\n".join(t for t in (table(rows), steady_table(rows), open_table(rows)) if t)
     if ns.cpu_by_thread:
         text += "\n\n" + cpu_table(rows)
     print(text)

@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from ..cgroups import find_hierarchy, write
 from ..errors import ConfigError
@@ -168,20 +168,22 @@ class LoopDisk:
     data from the system disk (page faults of the Python libraries of each new process): on
     a loop device of its own, only the tree's reads are limited. ``with LoopDisk(src) as
     root:`` copies ``src`` onto the new disk; on exit the disk is unmounted, detached and its
-    image removed. Needs root, ``losetup`` and ``mkfs.ext4``.
+    image removed. Files named in ``beside`` are copied next to the tree's root on the disk. Needs
+    root, ``losetup`` and ``mkfs.ext4``.
     """
 
-    def __init__(self, source: str, image_dir: str = "/var/tmp"):
+    def __init__(self, source: str, image_dir: str = "/var/tmp", beside: Sequence[str] = ()):
         if os.geteuid() != 0:
             raise ThrottleError("a loop disk for the tree needs root (losetup, mount)")
         for tool in ("losetup", "mkfs.ext4", "mount", "umount"):
             if shutil.which(tool) is None:
                 raise ThrottleError(f"a loop disk for the tree needs {tool}, which is not installed")
         self.source, self.image_dir = os.path.abspath(source), image_dir
+        self.beside = [os.path.abspath(f) for f in beside]
         self.image = self.device = self.mount = None
 
     def __enter__(self) -> str:
-        files = [os.path.join(d, f) for d, _, names in os.walk(self.source) for f in names]
+        files = [os.path.join(d, f) for d, _, names in os.walk(self.source) for f in names] + self.beside
         blocks = sum(-(-os.path.getsize(f) // 4096) for f in files)     # each file in whole 4 KiB blocks
         fd, self.image = tempfile.mkstemp(prefix="mcallreduce-disk-", suffix=".img", dir=self.image_dir)
         os.close(fd)
@@ -195,6 +197,8 @@ class LoopDisk:
             subprocess.run(["mount", self.device, self.mount], check=True, capture_output=True)
             root = os.path.join(self.mount, os.path.basename(self.source))
             shutil.copytree(self.source, root)
+            for path in self.beside:
+                shutil.copy(path, self.mount)
             os.sync()   # clean pages: DONTNEED can drop them
             return root
         except BaseException:

@@ -53,6 +53,9 @@ def test_both_data_modes_train_and_validate(tree, tmp_path, data, workers):
     assert steady["images"] == 44 and steady["seconds"] == pytest.approx(epoch["epoch_s"] - epoch["first_step_s"])
     assert sum(steady["shares"].values()) == pytest.approx(1.0)
     assert f"| {data} | " in e2e.table([row]) and f"| {data} | " in e2e.steady_table([row])
+    # each rank's time to open its data (list the tree, or load its share of the store), once per job
+    assert len(metrics["data_open_s"]) == 2 and all(s > 0 for s in metrics["data_open_s"])
+    assert row["data_open_s"] == max(metrics["data_open_s"]) and f"| {data} | " in e2e.open_table([row])
 
 
 def test_local_gradients_train_without_a_gradient_allreduce(tree, tmp_path):
