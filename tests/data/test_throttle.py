@@ -120,10 +120,14 @@ def test_a_loop_disk_takes_the_limit_alone_and_leaves_nothing(tmp_path):
     (tree / "a" / "blob").write_bytes(os.urandom(2 * MiB))
     for i in range(300):                       # many small files: inodes and block rounding
         (tree / "a" / f"{i}.txt").write_bytes(b"x")
-    with LoopDisk(str(tree)) as root:
+    store = tmp_path / "tree.train.mcstore"    # a packed store, copied beside the tree on the same disk
+    store.write_bytes(os.urandom(3 * MiB))
+    with LoopDisk(str(tree), beside=[str(store)]) as root:
         mount = os.path.dirname(root)
         assert block_device(root).startswith("7:") and block_device(root) != block_device(str(tmp_path))
         assert sorted(os.listdir(os.path.join(root, "a"))) == sorted(os.listdir(tree / "a"))
+        beside = os.path.join(mount, store.name)
+        assert block_device(beside) == block_device(root) and open(beside, "rb").read() == store.read_bytes()
         blob = os.path.join(root, "a", "blob")
         with ReadThrottle(root) as throttle:
             throttle.set(ReadLimit(bps=4 * MiB))
