@@ -281,21 +281,21 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
         if key is not None:
             ctx.remember(key, base, plan)
     engine = ctx.engine
-    finisher = staging.finish if staging is not None else None
     with ctx.submit_lock:
         if blocking:
             try:
                 ran = engine.run_if_idle(ctx.next_seq, plan.template, arr, prescale, mismatch)
             except BaseException as exc:
-                if finisher is not None:
-                    finisher(exc)
+                if staging is not None:
+                    staging.finish(exc)
                 raise
             if ran:
                 error = staging.finish(None, on_callers_stream=True) if staging is not None else None
                 if error is not None:
                     raise error
                 return result
-        return engine.submit(ctx.next_seq(), result, plan.template, arr, prescale, mismatch, finisher=finisher)
+        return engine.submit(ctx.next_seq(), result, plan.template, arr, prescale, mismatch,
+                             finisher=staging.finish if staging is not None else None)
 
 
 def _host_array(buf: Any, out: Any) -> np.ndarray:

@@ -235,7 +235,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tree = os.path.abspath(ns.tree)
     if not os.path.isdir(os.path.join(tree, "train")):
         print(make_imagenet_like(tree, ns.train_per_class, ns.val_per_class), flush=True)
-    stores = {split: f"{tree}.{split}.mcstore" for split in ("train", "val")}    # beside the tree, not on its disk
+    # packed beside the tree, on the system disk; moved onto the throttled one with --stores-on-disk
+    stores = {split: f"{tree}.{split}.mcstore" for split in ("train", "val")}
     for split, store in stores.items():
         if not os.path.exists(store):
             pack(os.path.join(tree, split), store, progress=False)
