@@ -98,6 +98,7 @@ setup(
     description="Multi-color (multi-tree) allreduce over MPI for data-parallel training",
     long_description=(here / "README.md").read_text() if (here / "README.md").exists() else "",
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
     python_requires=">=3.9",
     packages=find_packages(include=["mcallreduce", "mcallreduce.*"]),
     package_data={"mcallreduce": ["tuning-measured.json"], "mcallreduce.horovod": ["mcallreduce-horovod.pth"]},

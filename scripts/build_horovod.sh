@@ -28,6 +28,7 @@ wheel=$(ls "$cache"/horovod-$version-*.whl 2>/dev/null | head -1 || true)
 if [ -z "$wheel" ]; then
   command -v mpicc >/dev/null || { say "no mpicc on PATH (apt-get install libopenmpi-dev)"; exit 2; }
   command -v cmake >/dev/null || { say "no cmake on PATH (apt-get install cmake)"; exit 2; }
+  command -v g++ >/dev/null || { say "no g++ on PATH (apt-get install g++)"; exit 2; }
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   say "building Horovod $version for torch $torch_version, MPI and Gloo (about 5 minutes on 2 cores)"

@@ -20,12 +20,16 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 
 # 1. System packages: Open MPI (never a pip-installed MPI: mpi4py and Horovod must link
 #    the system one); iproute2 and util-linux for the emulated cluster (ip, tc, unshare);
-#    a C compiler and libjpeg-turbo's headers for the optional crop-box JPEG decoder
+#    mount and e2fsprogs for the data bench's throttled loop disk; a C compiler and
+#    libjpeg-turbo's headers for the optional crop-box JPEG decoder
 #    (mcallreduce/data/_jpegroi.c; without them the package builds and uses simplejpeg).
+#    tests/test_setup_script.py checks that every command the project runs is checked here.
 need=()
-command -v mpicc >/dev/null 2>&1 || need+=(openmpi-bin libopenmpi-dev)
+{ command -v mpicc && command -v mpirun; } >/dev/null 2>&1 || need+=(openmpi-bin libopenmpi-dev)
 { command -v ip && command -v tc; } >/dev/null 2>&1 || need+=(iproute2)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
+{ command -v losetup && command -v mount && command -v umount; } >/dev/null 2>&1 || need+=(mount)
+command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
 command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v g++ >/dev/null 2>&1 || need+=(g++)      # Horovod builds C++17 with CMake
 command -v cmake >/dev/null 2>&1 || need+=(cmake)

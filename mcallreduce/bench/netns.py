@@ -46,16 +46,19 @@ def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
+#: the commands the emulated cluster runs, and the Debian package of each (scripts/setup_env.sh installs them)
+TOOLS = {"ip": "iproute2", "tc": "iproute2", "unshare": "util-linux"}
+
+
 def require_root() -> None:
     """Namespaces, veths, bridges and qdiscs all need CAP_NET_ADMIN: say so plainly."""
     if os.geteuid() != 0:
         raise ClusterError("the emulated cluster needs root (it creates network namespaces, "
                            "veth pairs, bridges and tc qdiscs): run it as root, e.g. "
                            "sudo .venv/bin/python -m mcallreduce.bench.cluster ...")
-    packages = {"ip": "iproute2", "tc": "iproute2", "unshare": "util-linux"}
-    missing = [tool for tool in packages if shutil.which(tool) is None]
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
-        install = " ".join(sorted({packages[tool] for tool in missing}))
+        install = " ".join(sorted({TOOLS[tool] for tool in missing}))
         raise ClusterError(f"{', '.join(missing)} not found: apt-get install -y {install}")
 
 

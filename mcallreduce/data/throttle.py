@@ -161,6 +161,10 @@ class ReadThrottle:
                     pass   # still has members (a child that outlived it): leave it
 
 
+#: the commands a loop disk runs (scripts/setup_env.sh installs them)
+LOOP_DISK_TOOLS = ("losetup", "mkfs.ext4", "mount", "umount")
+
+
 class LoopDisk:
     """A disk of its own for a tree: an ext4 image file attached as a loop device and mounted.
 
@@ -175,7 +179,7 @@ class LoopDisk:
     def __init__(self, source: str, image_dir: str = "/var/tmp", beside: Sequence[str] = ()):
         if os.geteuid() != 0:
             raise ThrottleError("a loop disk for the tree needs root (losetup, mount)")
-        for tool in ("losetup", "mkfs.ext4", "mount", "umount"):
+        for tool in LOOP_DISK_TOOLS:
             if shutil.which(tool) is None:
                 raise ThrottleError(f"a loop disk for the tree needs {tool}, which is not installed")
         self.source, self.image_dir = os.path.abspath(source), image_dir
