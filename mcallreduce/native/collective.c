@@ -3,6 +3,8 @@
  * MPI_Iallreduce.
  * KIND_MPI_RING runs on a communicator made with Open MPI's ring forced (mcallreduce/mpit.py);
  * the forced choice binds the blocking call only: MPI_Iallreduce is libnbc's own choice. */
+#include <string.h>
+
 #include "executor.h"
 
 static MPI_Datatype mpi_type(int dtype) {
@@ -42,9 +44,20 @@ void pump_collectives(EngineObject *e) {
             else finish(e, r, STATUS_OK);
             continue;
         }
+        /* from a copy at 4 ranks and more: Open MPI's libnbc runs an in-place MPI_Iallreduce as a
+           binomial reduce and broadcast of the whole buffer, a separate send buffer as a
+           reduce-scatter and allgather (docs/algorithms.md, "MPI's nonblocking allreduce") */
+        const void *send = MPI_IN_PLACE;
+        if (e->size >= 4) {
+            r->scratch_bytes = (size_t)r->nelem * r->isz;
+            r->scratch = pool_take(e, r->scratch_bytes);
+            if (!r->scratch) { fail_run(e, r, "out of memory", MPI_SUCCESS); continue; }
+            memcpy(r->scratch, r->buf, r->scratch_bytes);
+            send = r->scratch;
+        }
         MPI_Request req;
         e->in_mpi = "MPI_Iallreduce";
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), comm, &req);
+        int rc = MPI_Iallreduce(send, r->buf, (int)r->nelem, mpi_type(r->dtype), mpi_op(r->op), comm, &req);
         e->in_mpi = NULL;
         if (rc != MPI_SUCCESS) { fail_run(e, r, "MPI_Iallreduce", rc); continue; }
         if (add_request(e, req, r, OWNER_COLLECTIVE) < 0) fail_run(e, r, "out of memory", MPI_SUCCESS);

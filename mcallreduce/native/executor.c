@@ -173,8 +173,12 @@ void finish(EngineObject *e, run_t *r, int status) {
     r->status = status;
     r->t_done = now_s();
     if (status == STATUS_OK) scale_buffer(r->dtype, r->buf, r->nelem, r->post);
-    if (r->scratch) { pool_give(e, r->scratch, r->scratch_bytes); r->scratch = NULL; }
-    if (r->crecv && !r->inflight) {   /* a receive still posted (a failed run) keeps its buffer */
+    /* a failed run's requests may still be posted: the buffers under them stay with the run */
+    if (r->scratch && (status == STATUS_OK || !r->inflight)) {
+        pool_give(e, r->scratch, r->scratch_bytes);
+        r->scratch = NULL;
+    }
+    if (r->crecv && !r->inflight) {
         pool_give(e, r->crecv, check_capacity(e, r));
         r->crecv = NULL;
     }
@@ -314,7 +318,7 @@ void progress(EngineObject *e, int block, run_t *until) {
 void free_run(run_t *r) {
     PyBuffer_Release(&r->view);
     Py_XDECREF(r->program);
-    free(r->waiting); free(r->ready); free(r->meta); free(r->cmine); free(r->crecv); free(r->color_t); free(r->sync_in); free(r);
+    free(r->waiting); free(r->ready); free(r->meta); free(r->cmine); free(r->crecv); free(r->scratch); free(r->color_t); free(r->sync_in); free(r);
 }
 
 /* What Python needs to raise: the MAX vector of a mismatch, an error's text, else None. */

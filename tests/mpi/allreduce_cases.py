@@ -394,6 +394,25 @@ def algorithm_mismatch_mpi_vs_schedule_raises_everywhere():
 
 
 @case
+def mpi_algorithm_async_large_calls_are_exact_for_every_op():
+    # a nonblocking "mpi" call sends from a copy of the buffer from 4 ranks on (libnbc's
+    # reduce-scatter and allgather rather than its in-place binomial tree): several in flight,
+    # each with a copy of its own, every op exact and alike on every rank
+    n = (1 << 17) + 5
+    ops = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "product": MPI.PROD}
+    for dtype in (np.float32, np.float64, np.int32, np.int64):
+        inputs = {op: data(n, dtype) + k for k, op in enumerate(ops)}
+        handles = {op: mcallreduce.allreduce_async(x.copy(), algorithm="mpi", op=op) for op, x in inputs.items()}
+        for op, handle in reversed(list(handles.items())):
+            got, ref = handle.wait(), inputs[op].copy()
+            comm.Allreduce(MPI.IN_PLACE, ref, op=ops[op])
+            assert np.array_equal(got, ref) and same_on_all_ranks(got), (dtype, op)
+    x = data(n, np.float32)
+    got = mcallreduce.allreduce_async(x, algorithm="mpi", op="average").wait()
+    assert np.allclose(got, expected(n, np.float64) / size, atol=1e-6) and same_on_all_ranks(got)
+
+
+@case
 @between_peers
 def one_sync_calls_stay_exact_after_a_stage_call_on_one_rank_only():
     # the one-host stage's small calls reuse each slot every other stage call, counting only
