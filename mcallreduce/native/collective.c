@@ -46,7 +46,7 @@ void pump_collectives(EngineObject *e) {
         }
         /* from a copy at 4 ranks and more: Open MPI's libnbc runs an in-place MPI_Iallreduce as a
            binomial reduce and broadcast of the whole buffer, a separate send buffer as a
-           reduce-scatter and allgather (docs/algorithms.md, "MPI's nonblocking allreduce") */
+           reduce-scatter and allgather (docs/algorithms.md, "mpi") */
         const void *send = MPI_IN_PLACE;
         if (e->size >= 4) {
             r->scratch_bytes = (size_t)r->nelem * r->isz;
