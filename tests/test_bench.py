@@ -38,6 +38,19 @@ def test_bench_rejects_unknown_buffers_and_cuda_without_a_gpu():
         assert r.returncode != 0 and "torch sees no CUDA device" in r.stdout + r.stderr
 
 
+def test_nonblocking_calls_time_every_arm_and_check_its_result(tmp_path):
+    out = tmp_path / "n.json"
+    r = run(2, [sys.executable, "-m", "mcallreduce.bench", "--sizes", "4K,256K", "--iters", "3", "--nonblocking",
+                "--json", str(out), "--quiet"], timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "nonblocking calls" in r.stdout
+    records = json.loads(out.read_text())["records"]
+    assert {rec["algorithm"] for rec in records} == {"multicolor", "ring", "mpi", "mpi-ring"}
+    assert all(rec["correct"] is True and rec["calls"] == "nonblocking" for rec in records), records
+    r = run(1, [sys.executable, "-m", "mcallreduce.bench", "--nonblocking", "--buffers", "cuda"], timeout=60)
+    assert r.returncode != 0 and "--nonblocking times cpu buffers only" in r.stderr
+
+
 def test_bench_time_budget_keeps_at_least_min_iters(tmp_path):
     # --iters 0 sizes the run by --seconds; a tiny budget still times --min-iters calls
     out = tmp_path / "m.json"

@@ -50,6 +50,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                     help="comma-separated: cpu (numpy arrays), cuda (torch CUDA tensors; every algorithm, the mpi "
                          "arms too, stages them through pinned host memory) (default cpu)")
     ap.add_argument("--no-check", action="store_true", help="skip mcallreduce's cross-rank metadata check")
+    ap.add_argument("--nonblocking", action="store_true",
+                    help="start each call nonblocking and wait for it, as the Horovod plugin and the DDP hook "
+                         "call: allreduce_async for mcallreduce's algorithms, MPI_Iallreduce for the mpi arms (from a "
+                         "copy of the buffer at 4 ranks and more, as the executor sends it); cpu buffers")
     ap.add_argument("--json", metavar="FILE", help="write one record per (algorithm, size)")
     ap.add_argument("--plot", metavar="FILE.png", help="plot busbw vs size")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -60,6 +64,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ns.buffers = [b.strip() for b in ns.buffers.split(",") if b.strip()]
     if not ns.buffers or set(ns.buffers) - {"cpu", "cuda"}:
         ap.error(f"--buffers takes cpu and/or cuda, got {','.join(ns.buffers)!r}")
+    if ns.nonblocking and ns.buffers != ["cpu"]:
+        ap.error("--nonblocking times cpu buffers only")
     bad = [a for a in ns.algorithms if a not in ALGORITHMS]
     if bad:
         ap.error(f"unknown algorithm(s) {', '.join(bad)}; choose from {', '.join(ALGORITHMS)}")
@@ -73,12 +79,25 @@ class Runner:
     def __init__(self, comm, ns: argparse.Namespace):
         from mpi4py import MPI
 
-        from ..runtime import allreduce
+        from ..runtime import allreduce, allreduce_async
 
         self.MPI, self.comm, self.ns = MPI, comm, ns
-        self.allreduce = allreduce   # imported once: an import statement per call costs microseconds
+        # imported once: an import statement per call costs microseconds
+        self.allreduce, self.allreduce_async = allreduce, allreduce_async
+        self.sends = {}
         self.mpi_comm = comm.Dup()
         self.ring_comm = mpit.forced_comm(comm, "ring") if "mpi-ring" in ns.algorithms else None
+
+    def send_buffer(self, buf: np.ndarray):
+        """What the mpi arms' MPI_Iallreduce sends from: as the executor, a copy from 4 ranks on
+        (libnbc's reduce-scatter and allgather need one), else in place; one kept per size."""
+        if self.comm.Get_size() < 4:
+            return self.MPI.IN_PLACE
+        send = self.sends.get((buf.size, buf.dtype))
+        if send is None:
+            send = self.sends[buf.size, buf.dtype] = np.empty_like(buf)
+        np.copyto(send, buf)
+        return send
 
     def available(self, algorithm: str, dtype: np.dtype) -> Optional[str]:
         """None, or why the algorithm cannot run here."""
@@ -91,12 +110,16 @@ class Runner:
     def __call__(self, algorithm: str, buf, mirror=None) -> None:
         if algorithm in ("mpi", "mpi-ring"):
             comm = self.mpi_comm if algorithm == "mpi" else self.ring_comm
-            if mirror is None:
+            if self.ns.nonblocking:
+                comm.Iallreduce(self.send_buffer(buf), buf, op=self.MPI.SUM).Wait()
+            elif mirror is None:
                 comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
             else:
                 mirror.copy_(buf)
                 comm.Allreduce(self.MPI.IN_PLACE, mirror.numpy(), op=self.MPI.SUM)
                 buf.copy_(mirror)
+        elif self.ns.nonblocking:
+            self.allreduce_async(buf, algorithm=algorithm, comm=self.comm, check=not self.ns.no_check).wait()
         else:
             self.allreduce(buf, algorithm=algorithm, comm=self.comm, check=not self.ns.no_check)
 
@@ -150,7 +173,8 @@ def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Nam
                         "dtype": dtype.name, "ranks": p, "iters": iters, "time_s": t,
                         "time_min_s": float(slowest[:, j].min()), "algbw_Bps": algbw,
                         "busbw_Bps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "cpu_s": float(cpu_mean[j]),
-                        "buffer": kind, "correct": correct[algorithm, kind]})
+                        "buffer": kind, "calls": "nonblocking" if ns.nonblocking else "blocking",
+                        "correct": correct[algorithm, kind]})
     return records
 
 
@@ -238,7 +262,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             rec["hosts"] = len(hosts)
             records.append(rec)
     if rank == 0:
-        title = f"allreduce {ns.dtype}, {comm.Get_size()} ranks on {len(hosts)} host(s)"
+        title = (f"allreduce {ns.dtype}, {comm.Get_size()} ranks on {len(hosts)} host(s)"
+                 + (", nonblocking calls" if ns.nonblocking else ""))
         print(f"# {title}; {MPI.Get_library_version().replace(chr(0), '').splitlines()[0].strip()}")
         print(table(records))
         failed = [r for r in records if r.get("correct") is False]
