@@ -22,6 +22,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .. import mpit
+from .._executor import MPI_SEND_COPY_RANKS
 from ..config import ALGORITHMS
 from ..units import format_size, parse_size
 from .output import command, pyplot, save_png, write_json
@@ -91,7 +92,7 @@ class Runner:
     def send_buffer(self, buf: np.ndarray):
         """What the mpi arms' MPI_Iallreduce sends from: as the executor, a copy from 4 ranks on
         (libnbc's reduce-scatter and allgather need one), else in place; one kept per size."""
-        if self.comm.Get_size() < 4:
+        if self.comm.Get_size() < MPI_SEND_COPY_RANKS:
             return self.MPI.IN_PLACE
         send = self.sends.get((buf.size, buf.dtype))
         if send is None:

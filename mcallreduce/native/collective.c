@@ -48,7 +48,7 @@ void pump_collectives(EngineObject *e) {
            binomial reduce and broadcast of the whole buffer, a separate send buffer as a
            reduce-scatter and allgather (docs/algorithms.md, "mpi") */
         const void *send = MPI_IN_PLACE;
-        if (e->size >= 4) {
+        if (e->size >= MPI_SEND_COPY_RANKS) {
             r->scratch_bytes = (size_t)r->nelem * r->isz;
             r->scratch = pool_take(e, r->scratch_bytes);
             if (!r->scratch) { fail_run(e, r, "out of memory", MPI_SUCCESS); continue; }

@@ -17,6 +17,8 @@ enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KI
 #define ONE_HOST_STAGE(kind) ((kind) == KIND_SHARED || (kind) == KIND_SINGLE_COPY || (kind) == KIND_SHARED_ONE_SYNC)
 /* MPI's own allreduce: its default decision (coll), or Open MPI's ring (coll_ring) */
 #define MPI_COLLECTIVE(kind) ((kind) == KIND_MPI || (kind) == KIND_MPI_RING)
+/* from this many ranks MPI_Iallreduce sends from a copy (collective.c): libnbc's reduce-scatter */
+#define MPI_SEND_COPY_RANKS 4
 /* The metadata vector's last slot of each half (mcallreduce/metadata.py): MAX-reduced by the
  * check, never compared. An MPI collective's is 1 where this rank cannot wait for it alone. */
 #define AGREED_SLOT(r) ((r)->nmeta / 2 - 1)
