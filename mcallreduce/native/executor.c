@@ -277,6 +277,19 @@ static void completed(EngineObject *e, int n) {
    share to a wait) and at most SLEEP_MAX_NS (well under a pipeline segment's time on a slow
    link, so a forwarding rank keeps its links busy); any completion polls again. */
 #define SLEEP_MAX_NS 200000L
+/* MPI_Iallreduce advances a round only inside a poll and reports nothing until its last round,
+   so while one is posted the wait polls COLL_POLL_FACTOR times as long, then naps as briefly as
+   the kernel's timer slack allows until COLL_SHORT_NAP_FACTOR times poll_s, when a round lasts
+   long enough for the usual naps (docs/benchmarks.md, "How long a wait polls"). */
+#define COLL_POLL_FACTOR 10
+#define COLL_SHORT_NAP_FACTOR 100
+#define COLL_SLEEP_MAX_NS 50000L
+
+static int collective_posted(const EngineObject *e) {
+    for (int i = 0; i < e->nreqs; i++)
+        if (e->owner_step[i] == OWNER_COLLECTIVE) return 1;
+    return 0;
+}
 
 /* Block (or test once) until `until` is done, or with until NULL until any run finishes or
    the wake-up completes. Runs without the GIL. */
@@ -306,8 +319,10 @@ void progress(EngineObject *e, int block, run_t *until) {
         } else {
             double idle = now_s() - last;
             long nap = (long)(idle * 1e9 / 8);
-            if (idle >= e->poll_s) {
-                struct timespec ts = {0, nap < SLEEP_MAX_NS ? nap : SLEEP_MAX_NS};
+            int coll = idle >= e->poll_s && collective_posted(e);
+            long nap_max = coll && idle < COLL_SHORT_NAP_FACTOR * e->poll_s ? COLL_SLEEP_MAX_NS : SLEEP_MAX_NS;
+            if (idle >= (coll ? COLL_POLL_FACTOR * e->poll_s : e->poll_s)) {
+                struct timespec ts = {0, nap < nap_max ? nap : nap_max};
                 nanosleep(&ts, NULL);
             }
         }
