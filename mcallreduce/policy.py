@@ -2,7 +2,8 @@
 
 ``resolve(config, nbytes, itemsize, hosts)`` turns the user's settings (``auto`` left
 as None by :mod:`mcallreduce.config`) into a concrete algorithm and :class:`Params`,
-from a tuning table when one is configured (``MCALLREDUCE_TUNING_FILE``), else from
+from a tuning table when one is configured (``MCALLREDUCE_TUNING_FILE``; its rows measured
+with nonblocking calls decide ``allreduce_async``'s, where it has them), else from
 the built-in size table below. Pure Python, no MPI: tests check its choices directly.
 """
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Optional, Sequence, Tuple
 from .algorithms import Params
 from .config import ALGORITHMS, MPI_ALGORITHMS, ROUTES, Config
 
-__all__ = ["ALGORITHMS", "ROUTES", "FUSED_MAX_BYTES", "resolve", "default_colors", "latency_bound"]
+__all__ = ["ALGORITHMS", "ROUTES", "FUSED_MAX_BYTES", "resolve", "measured_nonblocking", "default_colors",
+           "latency_bound"]
 
 #: a ``doubling`` call up to this size travels with its metadata check (native/check.c): its
 #: data is reduced along the check's own recursive doubling, one latency for both
@@ -62,13 +64,22 @@ BUILTIN_TABLE = str(Path(__file__).with_name("tuning-measured.json"))
 
 
 def _tuned(config: Config, hosts: Sequence[Sequence[int]], nbytes: int,
-           itemsize: int) -> Optional[Tuple[str, Params]]:
-    """The tuning table's choice for this layout and size: the configured table, else the
-    built-in measured one; None where the table has no row for this layout."""
+           itemsize: int, nonblocking: bool) -> Optional[Tuple[str, Params]]:
+    """The tuning table's choice for this layout, size and call kind: the configured table,
+    else the built-in measured one; None where the table has no row for this layout."""
     if config.algorithm != "multicolor" or config.tuning_file == "none":
         return None
     from .sim.tuner import lookup   # pure Python (no MPI)
-    return lookup(hosts, nbytes, itemsize, path=config.tuning_file or BUILTIN_TABLE)
+    return lookup(hosts, nbytes, itemsize, path=config.tuning_file or BUILTIN_TABLE, nonblocking=nonblocking)
+
+
+def measured_nonblocking(config: Config, hosts: Sequence[Sequence[int]]) -> bool:
+    """Whether a nonblocking call's table pick comes from rows measured with nonblocking calls
+    (so that a pick of MPI's allreduce was timed as ``MPI_Iallreduce``)."""
+    if config.algorithm != "multicolor" or config.tuning_file == "none":
+        return False
+    from .sim.tuner import has_nonblocking_rows
+    return has_nonblocking_rows(hosts, path=config.tuning_file or BUILTIN_TABLE)
 
 
 def latency_bound(nbytes: int, nranks: int) -> bool:
@@ -99,7 +110,8 @@ def _mpi_arm(algorithm: str, mpi_ring: bool) -> str:
 
 def resolve(config: Config, nbytes: int, itemsize: int,
             hosts: Sequence[Sequence[int]], shared_slot: int = 0, mpi_type: bool = True,
-            single_copy_ok: bool = False, mpi_ring: bool = False, small_slot: int = 0) -> Tuple[str, Params]:
+            single_copy_ok: bool = False, mpi_ring: bool = False, small_slot: int = 0,
+            nonblocking: bool = False) -> Tuple[str, Params]:
     """Concrete algorithm and schedule parameters for one message of ``nbytes``.
 
     ``shared_slot``: bytes per slot of the caller's shared-memory window (0: none).
@@ -112,6 +124,7 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     (:mod:`mcallreduce.mpit`); without it ``mpi-ring`` runs as ``mpi``.
     ``small_slot``: bytes of the window's small slots; up to ``config.one_sync_bytes`` and
     that size, the one-host stage synchronises once.
+    ``nonblocking``: the call is ``allreduce_async``'s, which a table's nonblocking rows decide.
     """
     if config.algorithm in MPI_ALGORITHMS:
         return _mpi_arm(config.algorithm, mpi_ring), Params(depth=config.depth)
@@ -123,7 +136,7 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     single_copy = _single_copy(config, nbytes, single_copy_ok)
     shared_fits = (len(hosts) == 1 and nranks > 1 and shared_slot > 0 and config.shm_bytes > 0
                    and (nbytes <= min(config.shm_bytes, shared_slot) or single_copy))
-    hit = _tuned(config, hosts, nbytes, itemsize) if knobs_unset and nranks > 1 else None
+    hit = _tuned(config, hosts, nbytes, itemsize, nonblocking) if knobs_unset and nranks > 1 else None
     if hit is not None and hit[0] in MPI_ALGORITHMS and not mpi_type:   # the built-in rules instead
         hit = None
     if hit is not None and hit[0] != "multicolor":      # the table picked another algorithm

@@ -27,7 +27,7 @@ from .gpu import Staging, StagingError, is_gpu_buffer
 from .lowering import lower
 from .memory import SharedWindow, as_array
 from .metadata import DTYPE_CODE, DTYPES, FIELDS, OP_CODE, REJECT_BUFFER, REJECT_CONFIG, mismatch, vector
-from .policy import ALGORITHMS, FUSED_MAX_BYTES, ROUTES, resolve
+from .policy import ALGORITHMS, FUSED_MAX_BYTES, ROUTES, measured_nonblocking, resolve
 from .schedule import Schedule
 
 __all__ = ["Context", "Handle", "allreduce", "allreduce_async", "start_progress_thread", "OPS", "DTYPES"]
@@ -90,15 +90,17 @@ class Context:
                         cls._cache[MPI.COMM_WORLD.py2f()] = ctx
         return ctx
 
-    def plan(self, config: Config, nelem: int, dtype: np.dtype, op: str, pre: float, post: float) -> "Plan":
+    def plan(self, config: Config, nelem: int, dtype: np.dtype, op: str, pre: float, post: float,
+             nonblocking: bool = False) -> "Plan":
         """Everything about an allreduce that depends only on its arguments, memoised:
-        a training loop repeats a few bucket sizes, and this keeps their calls cheap."""
-        key = (config, nelem, dtype, op, pre, post)
+        a training loop repeats a few bucket sizes, and this keeps their calls cheap.
+        ``nonblocking``: ``allreduce_async``'s call, which a table may decide otherwise."""
+        key = (config, nelem, dtype, op, pre, post, nonblocking)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) > 4096:
                 self._plans.clear()
-            plan = self._plans[key] = Plan(self, config, nelem, dtype, op, pre, post)
+            plan = self._plans[key] = Plan(self, config, nelem, dtype, op, pre, post, nonblocking)
             if config.verbose and self.rank == 0:   # once per new kind of call, not per call
                 what = plan.schedule.describe() if plan.schedule is not None else plan.algorithm
                 if plan.algorithm in MPI_ALGORITHMS and plan.schedule is not None:
@@ -155,13 +157,14 @@ class Plan:
     the executor's arguments that do not change from call to call."""
 
     def __init__(self, ctx: Context, config: Config, nelem: int, dtype: np.dtype, op: str,
-                 pre: float, post: float):
+                 pre: float, post: float, nonblocking: bool = False):
         slot, small = (ctx.shared.slot_bytes, ctx.shared.small_bytes) if ctx.shared is not None else (0, 0)
         mpi_type = dtype != np.float16   # the one supported dtype MPI has no type for
         direct = ctx.single_copy and pre == 1.0   # a prescaled copy needs the window's slots
         self.algorithm, self.params = resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, slot,
                                               mpi_type=mpi_type, single_copy_ok=direct,
-                                              mpi_ring=ctx.coll_ring is not None, small_slot=small)
+                                              mpi_ring=ctx.coll_ring is not None, small_slot=small,
+                                              nonblocking=nonblocking)
         self.schedule: Optional[Schedule] = None
         self.program = None
         if self.params.one_sync:
@@ -177,9 +180,9 @@ class Plan:
                 raise TypeError(f"mcallreduce: algorithm {self.algorithm!r} cannot reduce float16 (MPI has no such "
                                 "type); use multicolor or ring")
             self.kind = _executor.KIND_MPI_RING if self.algorithm == "mpi-ring" else _executor.KIND_MPI
-            if config.algorithm not in MPI_ALGORITHMS:
-                # the table's pick, run where every rank can wait for it alone; elsewhere the rules'
-                # schedule runs (native/executor.c: MPI_Iallreduce in place is a binomial tree)
+            if config.algorithm not in MPI_ALGORITHMS and not (nonblocking and measured_nonblocking(config, ctx.hosts)):
+                # a blocking table's pick, run where every rank can wait for it alone; elsewhere the
+                # rules' schedule runs (the table did not time MPI_Iallreduce: docs/algorithms.md, "mpi")
                 self._lower(ctx, *resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, mpi_type=False),
                             nelem, dtype)
         else:
@@ -250,7 +253,7 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
     # The common call (a contiguous 1-D numpy array, in place, no overrides) finds its plan in
     # one lookup: a 4 KiB allreduce is a few microseconds, and Python is most of them.
     if type(buf) is np.ndarray and out is None and not overrides and buf.flags.carray:   # as allreduce()'s check
-        key = (id(base), algorithm, check, buf.size, buf.dtype.char, op, prescale, postscale)
+        key = (id(base), algorithm, check, buf.size, buf.dtype.char, op, prescale, postscale, blocking)
         plan = ctx.calls.get(key)
     else:
         plan = key = None
@@ -269,7 +272,7 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
                 arr = staging.host
             else:
                 arr = _host_array(buf, out)
-            plan = ctx.plan(config, arr.size, arr.dtype, op, prescale, postscale)
+            plan = ctx.plan(config, arr.size, arr.dtype, op, prescale, postscale, nonblocking=not blocking)
         except (TypeError, ValueError, StagingError) as exc:
             if staging is not None:    # staged, then the plan failed: nothing was sent
                 staging.abandon()

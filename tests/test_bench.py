@@ -86,17 +86,32 @@ def test_tune_measure_writes_a_table_that_the_policy_then_follows(tmp_path):
     r = run(2, [sys.executable, "-m", "mcallreduce.bench", "tune", "--measure", "--sizes", "4K,64K",
                 "--seconds", "0.01", "--min-iters", "2", "--passes", "2", "--out", str(table)], timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
-    rows = json.loads(table.read_text())["tables"]["1h2r"]
-    assert [row["size_bytes"] for row in rows] == [4096, 65536]
-    for row in rows:   # each row names its fastest candidate, and keeps every candidate's time
-        best = min(row["measured_s"], key=row["measured_s"].get)
-        if not best.startswith("multicolor"):
-            assert row["algorithm"] == best, row
+    written = json.loads(table.read_text())
     from mcallreduce import config, policy
     cfg = config.Config.from_env({"MCALLREDUCE_TUNING_FILE": str(table)})
-    for row in rows:
-        algorithm, params = policy.resolve(cfg, row["size_bytes"], 4, [[0, 1]], 1 << 24)
-        assert algorithm == row["algorithm"] and params.shared == row["shared"], (row, algorithm, params)
+    for section, nonblocking in (("tables", False), ("nonblocking_tables", True)):   # both kinds of call by default
+        rows = written[section]["1h2r"]
+        assert [row["size_bytes"] for row in rows] == [4096, 65536]
+        for row in rows:   # each row names its fastest candidate, and keeps every candidate's time
+            best = min(row["measured_s"], key=row["measured_s"].get)
+            if not best.startswith("multicolor"):
+                assert row["algorithm"] == best, row
+        for row in rows:
+            algorithm, params = policy.resolve(cfg, row["size_bytes"], 4, [[0, 1]], 1 << 24, nonblocking=nonblocking)
+            assert algorithm == row["algorithm"] and params.shared == row["shared"], (row, algorithm, params)
+
+
+def test_tune_measure_times_one_kind_of_call_when_asked(tmp_path):
+    table = tmp_path / "tuning.json"
+    r = run(2, [sys.executable, "-m", "mcallreduce.bench", "tune", "--measure", "--sizes", "4K", "--calls",
+                "nonblocking", "--seconds", "0.01", "--min-iters", "2", "--passes", "1", "--out", str(table)],
+            timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    written = json.loads(table.read_text())
+    assert "tables" not in written and [row["size_bytes"] for row in written["nonblocking_tables"]["1h2r"]] == [4096]
+    r = run(1, [sys.executable, "-m", "mcallreduce.bench", "tune", "--measure", "--calls", "async", "--out",
+                str(tmp_path / "no.json")], timeout=60)
+    assert r.returncode != 0 and "--calls 'async'" in r.stderr, r.stderr
 
 
 def test_records_name_the_command_as_typed_not_a_local_path():

@@ -184,9 +184,7 @@ def test_tuning_file_replaces_auto_choices(tmp_path):
     assert p.colors == 5
     table["tables"]["4h1r"][0]["algorithm"] = "doubling"    # the tuner may pick the latency regime
     path.write_text(json.dumps(table))
-    c = Config.from_env({"MCALLREDUCE_TUNING_FILE": str(path)})
-    from mcallreduce.sim.tuner import _tables
-    _tables.cache_clear()
+    c = Config.from_env({"MCALLREDUCE_TUNING_FILE": str(path)})   # the table rewritten in place is read again
     assert resolve(c, 4 << 10, 4, flat4)[0] == "doubling"
     assert resolve(c, 64 << 20, 4, flat4)[0] == "multicolor"
     _, p = resolve(c, 64 << 20, 4, [[0, 1]])        # no row for this layout: the built-in table

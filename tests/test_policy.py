@@ -3,7 +3,6 @@ import json
 
 from mcallreduce.config import Config
 from mcallreduce.policy import BUILTIN_TABLE, resolve
-from mcallreduce.sim.tuner import _tables
 
 
 def test_a_measured_table_decides_the_algorithm_per_size(tmp_path):
@@ -17,7 +16,6 @@ def test_a_measured_table_decides_the_algorithm_per_size(tmp_path):
              "hierarchical": True, "route": "tree", "shared": False}]
     path = tmp_path / "table.json"
     path.write_text(json.dumps({"measured": True, "tables": {"1h2r": rows}}))
-    _tables.cache_clear()
     config = Config(tuning_file=str(path))
     host = [[0, 1]]
     slot = 8 << 20
@@ -48,7 +46,6 @@ def test_a_table_row_naming_open_mpis_ring_runs_it_where_it_exists(tmp_path):
             {"size_bytes": 32 << 20, "algorithm": "mpi-ring"}]
     path = tmp_path / "table.json"
     path.write_text(json.dumps({"measured": True, "tables": {"2h1r": rows}}))
-    _tables.cache_clear()
     config = Config(tuning_file=str(path))
     hosts = [[0], [1]]
     assert resolve(config, 8 << 20, 4, hosts, mpi_ring=True)[0] == "mpi-ring"
@@ -80,3 +77,33 @@ def test_a_measured_table_keeps_the_builtin_choice_within_the_margin():
     assert choose(times, margin=0.03) == "multicolor"    # 2 % slower: noise, not a reason to switch
     assert choose(times, margin=0.01) == "ring"
     assert choose({"multicolor": 2e-3, "ring": 1.3e-3, "mpi": 1.7e-3}, margin=0.03) == "ring"
+
+
+def test_nonblocking_calls_follow_the_rows_measured_with_them(tmp_path):
+    from mcallreduce.policy import measured_nonblocking
+    blocking = [{"size_bytes": 1 << 20, "algorithm": "halving", "segment_bytes": 60 << 10},
+                {"size_bytes": 8 << 20, "algorithm": "mpi"}]
+    nonblocking = [{"size_bytes": 1 << 20, "algorithm": "mpi"},
+                   {"size_bytes": 8 << 20, "algorithm": "ring", "segment_bytes": 256 << 10}]
+    both = tmp_path / "both.json"
+    both.write_text(json.dumps({"measured": True, "tables": {"4h1r": blocking},
+                                "nonblocking_tables": {"4h1r": nonblocking}}))
+    only_blocking = tmp_path / "blocking.json"
+    only_blocking.write_text(json.dumps({"measured": True, "tables": {"4h1r": blocking}}))
+    hosts = [[0], [1], [2], [3]]
+    config = Config(tuning_file=str(both))
+    assert resolve(config, 1 << 20, 4, hosts)[0] == "halving"
+    assert resolve(config, 1 << 20, 4, hosts, nonblocking=True)[0] == "mpi"
+    assert resolve(config, 8 << 20, 4, hosts)[0] == "mpi"
+    algorithm, params = resolve(config, 8 << 20, 4, hosts, nonblocking=True)
+    assert (algorithm, params.segment) == ("ring", (256 << 10) // 4)
+    assert measured_nonblocking(config, hosts)
+    # a table without nonblocking rows decides both kinds of call with its blocking ones
+    config = Config(tuning_file=str(only_blocking))
+    assert resolve(config, 1 << 20, 4, hosts, nonblocking=True)[0] == "halving"
+    assert resolve(config, 8 << 20, 4, hosts, nonblocking=True)[0] == "mpi"
+    assert not measured_nonblocking(config, hosts)
+    # another layout, a named algorithm, or no table: the rows do not apply
+    assert not measured_nonblocking(Config(tuning_file=str(both)), [[0, 1]])
+    assert not measured_nonblocking(Config(algorithm="ring", tuning_file=str(both)), hosts)
+    assert not measured_nonblocking(Config(tuning_file="none"), hosts)

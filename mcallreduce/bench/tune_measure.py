@@ -12,6 +12,11 @@ the table's row for that size (the built-in choice stays where it is within ``--
 of the fastest); multicolor's ``auto`` then runs it, as NCCL's tuner or
 Open MPI's dynamic rules pick an algorithm by size. Rows are per layout (hosts x ranks
 per host): rerun it after changing either, or the network.
+
+Each kind of call gets rows of its own (``--calls``): ``allreduce`` timed as itself, and
+``allreduce_async`` waited for at once, which is what the Horovod plugin and the DDP hook
+start. The two differ where MPI is a candidate: Open MPI runs a blocking ``MPI_Allreduce``
+with its tuned component's algorithms and an ``MPI_Iallreduce`` with libnbc's.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..sim.tuner import NONBLOCKING_SECTION
 from ..units import format_size, parse_size
 from .output import command, write_json
 from .timing import interleaved, iterations
@@ -34,6 +40,8 @@ CANDIDATES = (("multicolor", "multicolor", {}), ("multicolor-256K", "multicolor"
               ("doubling", "doubling", {}), ("halving", "halving", {}), ("mpi", "mpi", {}),
               ("mpi-ring", "mpi-ring", {}))
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,8M,16M,64M"
+#: each kind of call's rows, under its own key of the table
+SECTIONS = {"blocking": "tables", "nonblocking": NONBLOCKING_SECTION}
 
 
 def candidates(ring_available: bool) -> List[tuple]:
@@ -42,16 +50,25 @@ def candidates(ring_available: bool) -> List[tuple]:
     return [c for c in CANDIDATES if c[0] != "mpi-ring" or ring_available]
 
 
+def _caller(nonblocking: bool):
+    """One call as the table's rows will be used: ``allreduce``, or ``allreduce_async`` waited for
+    at once (as the Horovod plugin and the DDP hook start theirs)."""
+    from .. import allreduce, allreduce_async
+    if nonblocking:
+        return lambda buf, **kw: allreduce_async(buf, **kw).wait()
+    return allreduce
+
+
 def _time_size(comm, size: int, seconds: float, min_iters: int, passes: int,
-               arms_spec: Sequence[tuple]) -> Dict[str, float]:
+               arms_spec: Sequence[tuple], nonblocking: bool) -> Dict[str, float]:
     """Each candidate's time at ``size`` bytes of float32: the median slowest-rank time of a
     pass, the least over ``passes`` passes (load on a shared machine comes in bursts that
     spoil whole passes; the quietest pass is the cluster's own speed)."""
-    from .. import allreduce
+    call = _caller(nonblocking)
     buf = np.ones(max(1, size // 4), np.float32)
     for _, algorithm, overrides in arms_spec:     # warm-up: plans, schedules, scratch
-        allreduce(buf, algorithm=algorithm, **overrides)
-    arms = [lambda a=algorithm, o=overrides: allreduce(buf, algorithm=a, **o) for _, algorithm, overrides in arms_spec]
+        call(buf, algorithm=algorithm, **overrides)
+    arms = [lambda a=algorithm, o=overrides: call(buf, algorithm=a, **o) for _, algorithm, overrides in arms_spec]
     iters = iterations(comm, arms, seconds * len(arms) / passes, min_iters, cap=100)
     best = {name: float("inf") for name, _, _ in arms_spec}
     data = buf.copy()
@@ -74,7 +91,7 @@ def choose(times: Dict[str, float], margin: float) -> str:
 
 
 def measure(sizes: Sequence[int], seconds: float, min_iters: int, passes: int = 3,
-            margin: float = 0.03) -> List[Dict]:
+            margin: float = 0.03, nonblocking: bool = False) -> List[Dict]:
     from mpi4py import MPI
     from ..runtime import Context
     from .. import config
@@ -83,18 +100,20 @@ def measure(sizes: Sequence[int], seconds: float, min_iters: int, passes: int = 
     base = config.current()
     rows = []
     for size in sizes:
-        times = _time_size(comm, size, seconds, min_iters, passes, candidates(ctx.coll_ring is not None))
+        times = _time_size(comm, size, seconds, min_iters, passes, candidates(ctx.coll_ring is not None),
+                           nonblocking)
         best = choose(times, margin)
         _, algorithm, overrides = next(c for c in CANDIDATES if c[0] == best)
         plan = ctx.plan(base.with_overrides(algorithm=algorithm, **overrides), max(1, size // 4),
-                        np.dtype(np.float32), "sum", 1.0, 1.0)
+                        np.dtype(np.float32), "sum", 1.0, 1.0, nonblocking=nonblocking)
         p = plan.params
         rows.append({"size_bytes": size, "algorithm": plan.algorithm, "colors": p.colors,
                      "segment_bytes": p.segment * 4, "hierarchical": p.hierarchical, "route": p.route,
                      "shared": p.shared, "measured_s": times})
         if comm.Get_rank() == 0:
             cells = "  ".join(f"{n} {t * 1e6:9.1f}" for n, t in times.items())
-            print(f"{format_size(size):>6}  {cells}  -> {best}", flush=True)
+            print(f"{'nonblocking' if nonblocking else 'blocking':>11} {format_size(size):>6}  {cells}  -> {best}",
+                  flush=True)
     return rows
 
 
@@ -107,6 +126,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--passes", type=int, default=3, help="interleaved passes per size; each candidate keeps its best")
     ap.add_argument("--margin", type=float, default=0.03,
                     help="keep the built-in choice where it is within this fraction of the fastest")
+    ap.add_argument("--calls", default="blocking,nonblocking",
+                    help="which calls to time: blocking (allreduce), nonblocking (allreduce_async, as the Horovod "
+                         "plugin and the DDP hook call), or both, each into rows of their own")
     ap.add_argument("--out", required=True, help="JSON table to write (the MCALLREDUCE_TUNING_FILE format)")
     ns = ap.parse_args(argv)
     os.environ["MCALLREDUCE_TUNING_FILE"] = "none"   # measure the built-in rules, not a table's
@@ -115,13 +137,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from mpi4py import MPI
     from ..runtime import Context
     hosts = Context.get(MPI.COMM_WORLD).hosts
-    rows = measure([parse_size(s, "--sizes") for s in ns.sizes.split(",") if s], ns.seconds, ns.min_iters, ns.passes,
-                   ns.margin)
+    kinds = [k for k in ns.calls.split(",") if k]
+    if not kinds or set(kinds) - set(SECTIONS):
+        ap.error(f"--calls {ns.calls!r}: blocking, nonblocking or both")
+    sizes = [parse_size(s, "--sizes") for s in ns.sizes.split(",") if s]
+    layout = f"{len(hosts)}h{max(len(h) for h in hosts)}r"
+    sections = {SECTIONS[kind]: {layout: measure(sizes, ns.seconds, ns.min_iters, ns.passes, ns.margin,
+                                                 nonblocking=kind == "nonblocking")} for kind in kinds}
     if MPI.COMM_WORLD.Get_rank() == 0:
-        layout = f"{len(hosts)}h{max(len(h) for h in hosts)}r"
         table = {"measured": True, "measured_at_unix": int(time.time()),
-                 "mpi": MPI.Get_library_version().split("\n")[0].strip("\0 "), "argv": command(),
-                 "tables": {layout: rows}}
+                 "mpi": MPI.Get_library_version().split("\n")[0].strip("\0 "), "argv": command(), **sections}
         write_json(ns.out, table)
         print(f"# wrote {ns.out} ({layout})", file=sys.stderr)
     return 0

@@ -2,6 +2,8 @@
 
     python -m mcallreduce.launch -np 3 -- python tests/mpi/allreduce_cases.py [case ...]
 """
+import contextlib
+import itertools
 import sys
 import traceback
 
@@ -314,40 +316,83 @@ def mpi_collective_waited_alone_on_some_ranks_only():
                 assert np.array_equal(b, expected(n, np.float64)), (algorithm, n, idle)
 
 
-@case
-def a_table_pick_of_mpi_runs_the_rules_schedule_where_a_rank_cannot_block():
-    # MPI_Iallreduce in place is a binomial tree of the whole buffer (Open MPI 4.1): a call the
-    # table gives to MPI runs the rules' schedule instead where some rank cannot block
+TABLES = itertools.count()
+
+
+def three_in_flight(n):
+    """Three async calls of n float32 in flight, waited for in reverse; checked, and returned."""
+    bufs = [data(n, np.float32) for _ in range(3)]
+    handles = [mcallreduce.allreduce_async(b) for b in bufs]
+    for h in reversed(handles):
+        h.wait()
+    for b in bufs:
+        assert np.array_equal(b, expected(n, np.float32)), n
+        assert same_on_all_ranks(b)
+    return handles
+
+
+@contextlib.contextmanager
+def tuning_table(**sections):
+    """MCALLREDUCE_TUNING_FILE set, for the block, to a table of this job's layout with these
+    sections (name -> rows)."""
     import json
     import os
     import tempfile
     from mcallreduce.runtime import Context
     hosts = Context.get().hosts
     layout = f"{len(hosts)}h{max(len(h) for h in hosts)}r"
-    path = os.path.join(tempfile.gettempdir(), f"mcallreduce-mpi-table-{os.getppid()}-{rank}.json")
+    # a path of its own: plans are memoised per configuration, which names the table by its path
+    path = os.path.join(tempfile.gettempdir(), f"mcallreduce-table-{os.getppid()}-{rank}-{next(TABLES)}.json")
     with open(path, "w") as f:
-        json.dump({"tables": {layout: [{"size_bytes": 1 << 30, "algorithm": "mpi-ring"}]}}, f)
+        json.dump({name: {layout: rows} for name, rows in sections.items()}, f)
     os.environ["MCALLREDUCE_TUNING_FILE"] = path
     try:
         config.reload()
-        for n in (1000, (1 << 18) + 3):
-            plan = Context.get().plan(config.current(), n, np.dtype(np.float32), "sum", 1.0, 1.0)
-            assert size == 1 or plan.algorithm in ("mpi", "mpi-ring"), plan.algorithm
-            bufs = [data(n, np.float32) for _ in range(3)]
-            handles = [mcallreduce.allreduce_async(b) for b in bufs]
-            for h in reversed(handles):
-                h.wait()
-            for b, h in zip(bufs, handles):
-                assert np.array_equal(b, expected(n, np.float32)), n
-                assert same_on_all_ranks(b)
-                assert size == 1 or h.color_times, "MPI_Iallreduce ran, not the schedule"
-            b = data(n, np.float64)
-            mcallreduce.allreduce(b)   # every rank waits for it alone: MPI's blocking call
-            assert np.array_equal(b, expected(n, np.float64))
+        yield
     finally:
         del os.environ["MCALLREDUCE_TUNING_FILE"]
         os.unlink(path)
         config.reload()
+
+
+@case
+def a_table_pick_of_mpi_runs_the_rules_schedule_where_a_rank_cannot_block():
+    # MPI_Iallreduce in place is a binomial tree of the whole buffer (Open MPI 4.1): a call the
+    # table gives to MPI runs the rules' schedule instead where some rank cannot block
+    from mcallreduce.runtime import Context
+    with tuning_table(tables=[{"size_bytes": 1 << 30, "algorithm": "mpi-ring"}]):
+        for n in (1000, (1 << 18) + 3):
+            plan = Context.get().plan(config.current(), n, np.dtype(np.float32), "sum", 1.0, 1.0)
+            assert size == 1 or plan.algorithm in ("mpi", "mpi-ring"), plan.algorithm
+            for h in three_in_flight(n):
+                assert size == 1 or h.color_times, "MPI_Iallreduce ran, not the schedule"
+            b = data(n, np.float64)
+            mcallreduce.allreduce(b)   # every rank waits for it alone: MPI's blocking call
+            assert np.array_equal(b, expected(n, np.float64))
+
+
+@case
+def a_tables_nonblocking_rows_decide_async_calls():
+    # rows measured with nonblocking calls: an async call the table gives to MPI runs
+    # MPI_Iallreduce, as it was timed; blocking calls keep the blocking rows
+    from mcallreduce.runtime import Context
+    with tuning_table(tables=[{"size_bytes": 1 << 30, "algorithm": "ring", "segment_bytes": 0}],
+                      nonblocking_tables=[{"size_bytes": 1 << 30, "algorithm": "mpi"}]):
+        for n in (1000, (1 << 18) + 3):
+            ctx = Context.get()
+            nonblocking = ctx.plan(config.current(), n, np.dtype(np.float32), "sum", 1.0, 1.0, nonblocking=True)
+            assert size == 1 or (nonblocking.algorithm == "mpi" and nonblocking.schedule is None), nonblocking.algorithm
+            blocking = ctx.plan(config.current(), n, np.dtype(np.float32), "sum", 1.0, 1.0)
+            assert size == 1 or blocking.algorithm == "ring", blocking.algorithm
+            for h in three_in_flight(n):
+                assert size == 1 or not h.color_times, "a schedule ran, not MPI_Iallreduce"
+            b = data(n, np.float64)
+            mcallreduce.allreduce(b)
+            assert np.array_equal(b, expected(n, np.float64))
+        if size > 1:   # one rank blocking, the others not: the kinds' picks differ, and every rank says so
+            x = np.ones(1000, np.float32)
+            call = (lambda: mcallreduce.allreduce(x)) if rank == 0 else (lambda: mcallreduce.allreduce_async(x).wait())
+            assert "algorithm" in raises(MismatchError, call)
 
 
 @case
