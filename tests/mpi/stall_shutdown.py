@@ -3,7 +3,7 @@
     python -m mcallreduce.launch -np N -x MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS=2 -- \\
         python tests/mpi/stall_shutdown.py caller|thread
 
-The last rank takes part in one allreduce, then sleeps 10 s without starting the next and
+The last rank takes part in one allreduce, then sleeps 6 s without starting the next and
 exits. Every other rank starts that next one, blocking (``caller``: the stall inspector must
 wake the caller inside MPI_Waitsome) or through the progress thread (``thread``). It must
 fail with the stall shutdown's error within 1.5 s of the limit, long before the last rank
@@ -27,7 +27,7 @@ x = np.ones(1000, np.float32)
 mcallreduce.allreduce(x)
 assert np.all(x == size)
 if rank == size - 1:
-    time.sleep(10)
+    time.sleep(6)
     sys.exit(0)
 limit = config.stall_shutdown_seconds()
 t0 = time.monotonic()
