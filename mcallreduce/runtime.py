@@ -336,7 +336,7 @@ def allreduce(buf: Any, op: str = "sum", prescale: float = 1.0, postscale: float
     if type(buf) is np.ndarray and out is None and not overrides:
         ctx = Context._cache.get(0 if comm is None else comm.py2f()) or Context.get(comm)
         plan = ctx.calls.get((id(_config.current()), algorithm, check, buf.size, buf.dtype.char, op, prescale,
-                              postscale))
+                              postscale, True))   # _submit's key for a blocking call
         if plan is not None and buf.flags.carray and \
                 ctx.engine.run_if_idle(ctx.next_seq, plan.template, buf, prescale, mismatch):
             return buf
