@@ -253,7 +253,7 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
     # The common call (a contiguous 1-D numpy array, in place, no overrides) finds its plan in
     # one lookup: a 4 KiB allreduce is a few microseconds, and Python is most of them.
     if type(buf) is np.ndarray and out is None and not overrides and buf.flags.carray:   # as allreduce()'s check
-        key = (id(base), algorithm, check, buf.size, buf.dtype.char, op, prescale, postscale, blocking)
+        key = _call_key(base, algorithm, check, buf, op, prescale, postscale, blocking)
         plan = ctx.calls.get(key)
     else:
         plan = key = None
@@ -301,6 +301,13 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
                              finisher=staging.finish if staging is not None else None)
 
 
+def _call_key(base: Config, algorithm: Optional[str], check: Optional[bool], buf: np.ndarray, op: str,
+              prescale: float, postscale: float, blocking: bool) -> tuple:
+    """A repeated call's plan key, for a contiguous numpy array reduced in place with no overrides;
+    ``base`` is named by id (Context.remember keeps it alive)."""
+    return id(base), algorithm, check, buf.size, buf.dtype.char, op, prescale, postscale, blocking
+
+
 def _host_array(buf: Any, out: Any) -> np.ndarray:
     """The array the executor reduces in place: ``buf``'s, or ``out``'s holding a copy of it."""
     src = as_array(buf)
@@ -335,8 +342,7 @@ def allreduce(buf: Any, op: str = "sum", prescale: float = 1.0, postscale: float
     # few Python steps as possible: at 4 KiB they are most of the call's time.
     if type(buf) is np.ndarray and out is None and not overrides:
         ctx = Context._cache.get(0 if comm is None else comm.py2f()) or Context.get(comm)
-        plan = ctx.calls.get((id(_config.current()), algorithm, check, buf.size, buf.dtype.char, op, prescale,
-                              postscale, True))   # _submit's key for a blocking call
+        plan = ctx.calls.get(_call_key(_config.current(), algorithm, check, buf, op, prescale, postscale, True))
         if plan is not None and buf.flags.carray and \
                 ctx.engine.run_if_idle(ctx.next_seq, plan.template, buf, prescale, mismatch):
             return buf
