@@ -63,23 +63,31 @@ def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
 BUILTIN_TABLE = str(Path(__file__).with_name("tuning-measured.json"))
 
 
-def _tuned(config: Config, hosts: Sequence[Sequence[int]], nbytes: int,
-           itemsize: int, nonblocking: bool) -> Optional[Tuple[str, Params]]:
-    """The tuning table's choice for this layout, size and call kind: the configured table,
-    else the built-in measured one; None where the table has no row for this layout."""
+def _table_path(config: Config) -> Optional[str]:
+    """The tuning table that multicolor's ``auto`` follows: the configured one, else the built-in
+    measured one; None where no table applies."""
     if config.algorithm != "multicolor" or config.tuning_file == "none":
         return None
+    return config.tuning_file or BUILTIN_TABLE
+
+
+def _tuned(config: Config, hosts: Sequence[Sequence[int]], nbytes: int,
+           itemsize: int, nonblocking: bool) -> Optional[Tuple[str, Params]]:
+    """The tuning table's choice for this layout, size and call kind; None where the table has
+    no row for this layout."""
+    path = _table_path(config)
+    if path is None:
+        return None
     from .sim.tuner import lookup   # pure Python (no MPI)
-    return lookup(hosts, nbytes, itemsize, path=config.tuning_file or BUILTIN_TABLE, nonblocking=nonblocking)
+    return lookup(hosts, nbytes, itemsize, path=path, nonblocking=nonblocking)
 
 
 def measured_nonblocking(config: Config, hosts: Sequence[Sequence[int]]) -> bool:
     """Whether a nonblocking call's table pick comes from rows measured with nonblocking calls
     (so that a pick of MPI's allreduce was timed as ``MPI_Iallreduce``)."""
-    if config.algorithm != "multicolor" or config.tuning_file == "none":
-        return False
+    path = _table_path(config)
     from .sim.tuner import has_nonblocking_rows
-    return has_nonblocking_rows(hosts, path=config.tuning_file or BUILTIN_TABLE)
+    return path is not None and has_nonblocking_rows(hosts, path=path)
 
 
 def latency_bound(nbytes: int, nranks: int) -> bool:
