@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..sim.tuner import NONBLOCKING_SECTION
+from ..sim.tuner import NONBLOCKING_SECTION, layout_name
 from ..units import format_size, parse_size
 from .output import command, write_json
 from .timing import interleaved, iterations
@@ -141,7 +141,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not kinds or set(kinds) - set(SECTIONS):
         ap.error(f"--calls {ns.calls!r}: blocking, nonblocking or both")
     sizes = [parse_size(s, "--sizes") for s in ns.sizes.split(",") if s]
-    layout = f"{len(hosts)}h{max(len(h) for h in hosts)}r"
+    layout = layout_name(hosts)
     sections = {SECTIONS[kind]: {layout: measure(sizes, ns.seconds, ns.min_iters, ns.passes, ns.margin,
                                                  nonblocking=kind == "nonblocking")} for kind in kinds}
     if MPI.COMM_WORLD.Get_rank() == 0:

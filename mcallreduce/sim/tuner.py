@@ -31,7 +31,7 @@ from .model import ClusterModel, emulated
 from .predict import predict
 
 __all__ = ["SEGMENTS", "NONBLOCKING_SECTION", "candidates", "best_params", "table", "default_model",
-           "load_calibration", "lookup", "has_nonblocking_rows"]
+           "load_calibration", "lookup", "has_nonblocking_rows", "layout_name"]
 
 SEGMENTS = (0, inter_host_segment_bytes(), 256 << 10, 1 << 20)   # 60 KiB: eager across hosts
 CALIBRATION_FILE = Path(__file__).resolve().parents[2] / "docs" / "data" / "calibration.json"
@@ -156,13 +156,14 @@ def _read_table(path: str, mtime_ns: int, size: int) -> Dict:
         return {}
 
 
-def _layout(hosts: Sequence[Sequence[int]]) -> str:
+def layout_name(hosts: Sequence[Sequence[int]]) -> str:
+    """A table's key for a layout: hosts x the most ranks on one host, as "4h2r"."""
     return f"{len(hosts)}h{max(len(h) for h in hosts)}r"
 
 
 def has_nonblocking_rows(hosts: Sequence[Sequence[int]], path: Optional[str] = None) -> bool:
     """Whether the table holds rows measured with nonblocking calls for this layout."""
-    return bool(_tables(path or str(TUNING_FILE), NONBLOCKING_SECTION).get(_layout(hosts)))
+    return bool(_tables(path or str(TUNING_FILE), NONBLOCKING_SECTION).get(layout_name(hosts)))
 
 
 def lookup(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int = 4,
@@ -175,8 +176,8 @@ def lookup(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int = 4,
     shared-memory stage), doubling, ring, halving, mpi (MPI's own allreduce) or mpi-ring
     (Open MPI's ring)."""
     path = path or str(TUNING_FILE)
-    rows = _tables(path, NONBLOCKING_SECTION).get(_layout(hosts)) if nonblocking else None
-    rows = rows or _tables(path).get(_layout(hosts))
+    rows = _tables(path, NONBLOCKING_SECTION).get(layout_name(hosts)) if nonblocking else None
+    rows = rows or _tables(path).get(layout_name(hosts))
     if not rows:
         return None
     rows = sorted(rows, key=lambda r: r["size_bytes"])
