@@ -155,8 +155,8 @@ void checked(EngineObject *e, run_t *r) {
         r->blocking = r->check != CHECK_OFF && r->meta_out[AGREED_SLOT(r)] == 0;
         scale_buffer(r->dtype, r->buf, r->nelem, r->pre);
         r->coll_ready = 1;
-        /* a table's pick that cannot block: the plan's schedule rather than MPI_Iallreduce, which the
-           table never timed (docs/benchmarks.md, "Nonblocking calls") */
+        /* a blocking table row's MPI pick that cannot block: the plan's schedule rather than
+           MPI_Iallreduce, which that row never timed (docs/benchmarks.md, "Nonblocking calls") */
         r->on_schedule = !r->blocking && r->program != NULL;
         pump_collectives(e);
         if (r->on_schedule) start_schedule(e, r);
