@@ -143,8 +143,6 @@ void checked(EngineObject *e, run_t *r);   /* the check is done: meta_out holds 
 
 void start_run(EngineObject *e, run_t *r);            /* a submitted run, from its check on */
 void progress(EngineObject *e, int block, run_t *until);   /* without the GIL */
-PyObject *drain(EngineObject *e);                     /* finished runs, with the GIL */
-PyObject *outcome_payload(run_t *r);                  /* what Python raises for a finished run */
 void free_run(run_t *r);
 
 /* standing.c: the wake-up and goodbye requests every wait includes */

@@ -1,10 +1,60 @@
-/* The executor's Python interface: Engine (submit, progress, wake, goodbye), over executor.c;
- * Program and Template are in program.c. */
+/* The executor's Python interface: Engine (submit, progress, wake, goodbye), over executor.c,
+ * and the finished runs reported to Python; Program and Template are in program.c. */
 #include <stdlib.h>
 
 #include "executor.h"
 
 /* ------------------------------------------------------------------ Python interface */
+
+/* What Python needs to raise: the MAX vector of a mismatch, an error's text, else None. */
+static PyObject *outcome_payload(run_t *r) {
+    if (r->status == STATUS_MISMATCH)
+        return PyBytes_FromStringAndSize((const char *)r->meta_out, sizeof(int64_t) * r->nmeta);
+    if (r->status == STATUS_ERROR) return PyUnicode_FromString(r->error);
+    return Py_NewRef(Py_None);
+}
+
+/* Each color's (color, reduced, done), the colors that ran a step. */
+static PyObject *color_times(run_t *r) {
+    PyObject *out = PyList_New(0);
+    for (int c = 0; out && c < r->ncolors; c++) {
+        double *row = r->color_t + 2 * c;
+        if (row[1] == 0) continue;
+        PyObject *item = Py_BuildValue("(idd)", r->first_color + c, row[0], row[1]);
+        if (!item || PyList_Append(out, item) < 0) { Py_XDECREF(item); Py_CLEAR(out); break; }
+        Py_DECREF(item);
+    }
+    return out;
+}
+
+/* The finished runs as [(seq, status, payload, (started, checked, done), color_times)],
+   removed from the engine (needs the GIL). */
+static PyObject *drain(EngineObject *e) {
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (int i = 0; i < e->nruns;) {
+        run_t *r = e->runs[i];
+        if (!r->done || (r->inflight && !r->abandoned)) { i++; continue; }
+        PyObject *payload = outcome_payload(r), *colors = payload ? color_times(r) : NULL;
+        if (payload && !colors) Py_CLEAR(payload);
+        PyObject *item = payload ? Py_BuildValue("(LiN(ddd)N)", r->seq, r->status, payload, r->t_start,
+                                                 r->meta_checked ? r->t_checked : r->t_done, r->t_done, colors) : NULL;
+        if (!item || PyList_Append(out, item) < 0) { Py_XDECREF(item); Py_DECREF(out); return NULL; }
+        Py_DECREF(item);
+        e->nfinished--;
+        e->runs[i] = e->runs[--e->nruns];
+        if (r->abandoned) { r->grave = e->graveyard; e->graveyard = r; }   /* MPI may still write to it */
+        else free_run(r);
+    }
+    if (e->fatal[0]) {
+        PyErr_Format(PyExc_RuntimeError, "mcallreduce: %s", e->fatal);
+        e->fatal[0] = 0;
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
 
 static MPI_Comm comm_of(long long handle) { return MPI_Comm_f2c((MPI_Fint)handle); }
 
