@@ -6,6 +6,13 @@ from pathlib import Path
 from mcallreduce.launch import run
 
 
+def rejected(*args):
+    """The bench's command line ``args`` on one rank, which must fail; mpirun is told not to wait
+    its usual 2 s before it kills what is left of a failed job (with one rank, nothing)."""
+    return run(1, [sys.executable, "-m", "mcallreduce.bench", *args], timeout=60,
+               mca={"odls_base_sigkill_timeout": "0"})
+
+
 def test_bench_table_json_and_plot(tmp_path):
     out, png = tmp_path / "b.json", tmp_path / "b.png"
     r = run(2, [sys.executable, "-m", "mcallreduce.bench", "--sizes", "4K,256K", "--iters", "3",
@@ -25,16 +32,16 @@ def test_bench_table_json_and_plot(tmp_path):
 
 
 def test_bench_rejects_unknown_algorithm():
-    r = run(1, [sys.executable, "-m", "mcallreduce.bench", "--algorithms", "tree"], timeout=60)
+    r = rejected("--algorithms", "tree")
     assert r.returncode != 0 and "unknown algorithm" in r.stderr
 
 
 def test_bench_rejects_unknown_buffers_and_cuda_without_a_gpu():
-    r = run(1, [sys.executable, "-m", "mcallreduce.bench", "--buffers", "gpu"], timeout=60)
+    r = rejected("--buffers", "gpu")
     assert r.returncode != 0 and "--buffers takes cpu and/or cuda" in r.stderr
     import torch
     if not torch.cuda.is_available():
-        r = run(1, [sys.executable, "-m", "mcallreduce.bench", "--sizes", "4K", "--buffers", "cpu,cuda"], timeout=60)
+        r = rejected("--sizes", "4K", "--buffers", "cpu,cuda")
         assert r.returncode != 0 and "torch sees no CUDA device" in r.stdout + r.stderr
 
 
@@ -47,7 +54,7 @@ def test_nonblocking_calls_time_every_arm_and_check_its_result(tmp_path):
     records = json.loads(out.read_text())["records"]
     assert {rec["algorithm"] for rec in records} == {"multicolor", "ring", "mpi", "mpi-ring"}
     assert all(rec["correct"] is True and rec["calls"] == "nonblocking" for rec in records), records
-    r = run(1, [sys.executable, "-m", "mcallreduce.bench", "--nonblocking", "--buffers", "cuda"], timeout=60)
+    r = rejected("--nonblocking", "--buffers", "cuda")
     assert r.returncode != 0 and "--nonblocking times cpu buffers only" in r.stderr
 
 
@@ -109,8 +116,7 @@ def test_tune_measure_times_one_kind_of_call_when_asked(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     written = json.loads(table.read_text())
     assert "tables" not in written and [row["size_bytes"] for row in written["nonblocking_tables"]["1h2r"]] == [4096]
-    r = run(1, [sys.executable, "-m", "mcallreduce.bench", "tune", "--measure", "--calls", "async", "--out",
-                str(tmp_path / "no.json")], timeout=60)
+    r = rejected("tune", "--measure", "--calls", "async", "--out", str(tmp_path / "no.json"))
     assert r.returncode != 0 and "--calls 'async'" in r.stderr, r.stderr
 
 
@@ -143,6 +149,13 @@ def test_e2e_arm_variants_add_variables_to_their_arm():
             assert repr(bad.split(":")[0]) in str(exc) or "ARM:NAME=VALUE" in str(exc)
         else:
             raise AssertionError(f"{bad!r} was accepted")
-    r = run(1, [sys.executable, "-m", "mcallreduce.bench", "e2e", "--tree", "/nonexistent", "--arms", "thread:X"],
-            timeout=60)
+    r = rejected("e2e", "--tree", "/nonexistent", "--arms", "thread:X")
     assert r.returncode != 0 and "expected ARM:NAME=VALUE" in r.stderr
+
+
+def test_whole_job_benchmarks_alternate_their_arms_round_by_round():
+    from mcallreduce.bench.timing import alternated
+    assert list(alternated(["gloo", "hook", "backend"], 3)) == [
+        (0, "gloo"), (0, "hook"), (0, "backend"), (1, "backend"), (1, "hook"), (1, "gloo"),
+        (2, "gloo"), (2, "hook"), (2, "backend")]
+    assert list(alternated(["a"], 0)) == []

@@ -43,6 +43,6 @@ def test_killed_job_leaves_no_shared_memory_behind():
     import sys
     before = set(glob.glob("/dev/shm/*"))
     hang = "from mpi4py import MPI; import time; MPI.COMM_WORLD.Barrier(); print('up', flush=True); time.sleep(60)"
-    r = run(2, [sys.executable, "-c", hang], timeout=15)
+    r = run(2, [sys.executable, "-c", hang], timeout=8)
     assert r.returncode == -9 and r.stdout.count("up") == 2, r.stdout + r.stderr
     assert set(glob.glob("/dev/shm/*")) - before == set()

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 from . import example
 from .output import subcommand_command, write_json
+from .timing import alternated
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_synthetic_benchmark.py"
 ARMS = ("gloo", "hook", "backend")
@@ -68,16 +69,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows: List[Dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "runs.jsonl")
-        for round_ in range(ns.runs):
-            order = arms if round_ % 2 == 0 else arms[::-1]   # alternated: neither arm always runs first
-            for arm in order:
-                started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-                run_arm(arm, ns, out, env)
-                with open(out) as f:
-                    row = json.loads(f.readlines()[-1])
-                row.update(round=round_ + 1, started=started)
-                rows.append(row)
-                print(f"round {round_ + 1} {arm}: {row['total_img_sec']:.2f} img/s", flush=True)
+        for round_, arm in alternated(arms, ns.runs):
+            started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+            run_arm(arm, ns, out, env)
+            with open(out) as f:
+                row = json.loads(f.readlines()[-1])
+            row.update(round=round_ + 1, started=started)
+            rows.append(row)
+            print(f"round {round_ + 1} {arm}: {row['total_img_sec']:.2f} img/s", flush=True)
     text = table(rows)
     print(text)
     if ns.json:

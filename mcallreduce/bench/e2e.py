@@ -46,6 +46,7 @@ from ..units import parse_size
 from . import example, output
 from .output import subcommand_command, write_json
 from .thread_cpu import KINDS, ThreadCpu
+from .timing import alternated
 
 STOCK = {"MCALLREDUCE_HOROVOD": "0"}
 MULTICOLOR = {"MCALLREDUCE_ALGORITHM": "multicolor"}
@@ -269,27 +270,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             stack.callback(evictor.join)            # before the disk is unmounted (callbacks run last first)
             stack.callback(evictor.stopped.set)
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
-        for round_ in range(ns.runs):
-            for arm in (arms if round_ % 2 == 0 else arms[::-1]):    # neither arm always first
-                data, env, more = settings[arm]
-                dirs = folders if data == "folder" else stores
-                sampler = ThreadCpu(str(example.EXAMPLE)) if ns.cpu_by_thread else None
-                if sampler:
-                    sampler.start()
-                metrics = example.train(["--data", data, "--train-dir", dirs["train"], "--val-dir", dirs["val"],
-                                         "--epochs", ns.epochs, *more, *ns.example_args],
-                                        os.path.join(tmp, f"{arm}-{round_}"), {**extra_env, **env}, cluster=cluster,
-                                        timeout=ns.timeout)
-                row = summarise(arm, metrics, round_ + 1)
-                if sampler:
-                    row["cpu"] = sampler.stop()
-                rows.append(row)
-                if ns.json:     # after every run: a failure later keeps what was measured
-                    write_json(ns.json, record(argv, config, per_host, rows))
-                steady = (f" ({row['steady']['images_per_s']:.2f} img/s after the first step)"
-                          if "steady" in row else "")
-                print(f"round {round_ + 1} {arm}: {row['images_per_s']:.2f} img/s{steady}, epoch {row['epoch_s']:.1f} s, "
-                      + ", ".join(f"{p} {100 * s:.0f}%" for p, s in row["shares"].items()), flush=True)
+        for round_, arm in alternated(arms, ns.runs):
+            data, env, more = settings[arm]
+            dirs = folders if data == "folder" else stores
+            sampler = ThreadCpu(str(example.EXAMPLE)) if ns.cpu_by_thread else None
+            if sampler:
+                sampler.start()
+            metrics = example.train(["--data", data, "--train-dir", dirs["train"], "--val-dir", dirs["val"],
+                                     "--epochs", ns.epochs, *more, *ns.example_args],
+                                    os.path.join(tmp, f"{arm}-{round_}"), {**extra_env, **env}, cluster=cluster,
+                                    timeout=ns.timeout)
+            row = summarise(arm, metrics, round_ + 1)
+            if sampler:
+                row["cpu"] = sampler.stop()
+            rows.append(row)
+            if ns.json:     # after every run: a failure later keeps what was measured
+                write_json(ns.json, record(argv, config, per_host, rows))
+            steady = (f" ({row['steady']['images_per_s']:.2f} img/s after the first step)"
+                      if "steady" in row else "")
+            print(f"round {round_ + 1} {arm}: {row['images_per_s']:.2f} img/s{steady}, epoch {row['epoch_s']:.1f} s, "
+                  + ", ".join(f"{p} {100 * s:.0f}%" for p, s in row["shares"].items()), flush=True)
     text = "\n\n".join(t for t in (table(rows), steady_table(rows), open_table(rows)) if t)
     if ns.cpu_by_thread:
         text += "\n\n" + cpu_table(rows)

@@ -1,15 +1,15 @@
 """The one timing loop of the benchmarks: arms alternated call by call, each call timed
 from a barrier, an iteration over when its slowest rank is done (as nccl-tests and the OSU
-benchmarks time a collective)."""
+benchmarks time a collective); and the order of benchmarks that run a whole job per arm."""
 from __future__ import annotations
 
 import resource
 import time
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["cpu_seconds", "iterations", "interleaved"]
+__all__ = ["alternated", "cpu_seconds", "iterations", "interleaved"]
 
 
 def cpu_seconds() -> float:
@@ -56,3 +56,11 @@ def interleaved(comm, arms: Sequence[Callable[[], None]], iters: int,
     slowest = np.empty_like(times)
     comm.Allreduce(times, slowest, op=MPI.MAX)
     return slowest, cpu
+
+
+def alternated(arms: Sequence[str], rounds: int) -> Iterator[Tuple[int, str]]:
+    """(round, arm) for benchmarks that run a whole job per arm: every arm once a round, in the
+    reverse order every other round, so that no arm always runs first (or just after another)."""
+    for round_ in range(rounds):
+        for arm in (arms if round_ % 2 == 0 else arms[::-1]):
+            yield round_, arm

@@ -1,7 +1,7 @@
 """DDP with the multicolor hook, or on the mcallreduce backend, ends where DDP on gloo ends.
 
-Usage: equivalence.py hook|backend [cpu|cuda]. Every variant trains 20 steps twice from the same start,
-on different data per rank: on gloo, then with the arm. Parameters and buffers must agree
+Usage: equivalence.py hook|backend|hook,backend [cpu|cuda]. Every variant trains 20 steps from the same
+start, on different data per rank: on gloo, then with each arm (one line of results per arm). Parameters and buffers must agree
 (bitwise at 2 ranks, to 1e-6 relative beyond) and be bitwise equal across ranks. Buckets
 compressed to float16 (PyTorch's compression hook, or its wrapper around ours)
 agree to 1e-2 relative after the 20 steps wherever they are not bitwise: beyond 2 ranks such
@@ -22,12 +22,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mcallreduce.ddp
 
-ARM = sys.argv[1]
+ARMS = sys.argv[1].split(",")
 DEVICE = torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")   # cuda: the hook on GPU buckets
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 mcallreduce.ddp.init_process_group("gloo")
-GROUP = dist.new_group(backend="mcallreduce") if ARM == "backend" else None
+GROUP = None   # the mcallreduce backend's group, made after the hook's runs: those see none, as a hook user's
 STEPS = 20
 
 
@@ -56,8 +56,7 @@ OPTIONS = {
 }
 # PowerSGD's own allreduces (of its low-rank factors) go to the group; its callbacks wait on
 # further allreduces, which the progress thread must finish while they wait
-if ARM == "backend":
-    OPTIONS["powersgd"] = {}
+BACKEND_ONLY = {"powersgd": {}}
 # torch refuses its bfloat16 compression hooks without CUDA and NCCL: only float16 here
 COMPRESSED = {"fp16_compress": default_hooks.fp16_compress_hook}
 WRAPPERS = {"fp16_compress": default_hooks.fp16_compress_wrapper}
@@ -69,10 +68,11 @@ if DEVICE.type == "cuda":   # torch allows its bfloat16 compression only with CU
 
 def train(variant: str, arm: str):
     model = network(variant).to(DEVICE)
+    options = {**OPTIONS, **BACKEND_ONLY}[variant]
     if arm == "backend":
-        ddp = DDP(model, process_group=GROUP, **OPTIONS[variant])
+        ddp = DDP(model, process_group=GROUP, **options)
     else:
-        ddp = DDP(model, **OPTIONS[variant])
+        ddp = DDP(model, **options)
     if variant in COMPRESSED:   # PyTorch's own compression: its hook, or its wrapper around ours
         if arm == "hook":
             ddp.register_comm_hook(None, WRAPPERS[variant](mcallreduce.ddp.multicolor_hook))
@@ -112,33 +112,33 @@ def train(variant: str, arm: str):
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}, parameters
 
 
-def compare(variant: str, reference: tuple, got: tuple) -> list:
+def compare(variant: str, arm: str, reference: tuple, got: tuple) -> list:
     (reference, parameters), (got, _) = reference, got
     problems = []
     for name, ref in reference.items():
         mine = got[name]
         tolerance = 1e-2 if variant in COMPRESSED else 1e-6
-        loose = variant in COMPRESSED and ARM == "hook"
+        loose = variant in COMPRESSED and arm == "hook"
         if (size == 2 and not loose) or not ref.is_floating_point():
             same = torch.equal(ref, mine)
         else:
             same = bool(((ref - mine).abs() <= tolerance * ref.abs().max().clamp_min(1e-30)).all())
         if not same:
             diff = (ref.double() - mine.double()).abs().max().item()
-            problems.append(f"rank {rank} {variant}/{ARM}: {name} differs from gloo's by {diff:.3g}")
+            problems.append(f"rank {rank} {variant}/{arm}: {name} differs from gloo's by {diff:.3g}")
     # buffers (BatchNorm's running statistics) are each rank's own after the last forward
     flat = torch.cat([got[name].reshape(-1).double() for name in sorted(parameters)]).numpy().tobytes()
     if len(set(comm.allgather(flat))) != 1 and rank == 0:
-        problems.append(f"{variant}/{ARM}: parameters differ across ranks")
+        problems.append(f"{variant}/{arm}: parameters differ across ranks")
     return problems
 
 
-def bf16_gradients() -> list:
+def bf16_gradients(tested: str) -> list:
     """One backward of a bfloat16 model: the arm's reduced gradients are the exact result,
     rounded once (and bitwise gloo's at 2 ranks, where gloo rounds once too)."""
     grads = {}
     # gloo reduces no bfloat16 CUDA tensors: on the GPU, only the exact result is the reference
-    arms = ("local", "gloo", ARM) if DEVICE.type == "cpu" else ("local", ARM)
+    arms = ("local", "gloo", tested) if DEVICE.type == "cpu" else ("local", tested)
     for arm in arms:
         torch.manual_seed(0)
         model = nn.Linear(64, 8).to(DEVICE, torch.bfloat16)
@@ -149,26 +149,30 @@ def bf16_gradients() -> list:
         ddp(x).float().pow(2).sum().backward()
         grads[arm] = [p.grad.cpu().clone() for p in model.parameters()]
     problems = []
-    for i, (local, ours, gloo) in enumerate(zip(grads["local"], grads[ARM], grads.get("gloo", grads[ARM]))):
-        if ARM == "backend":   # DDP divides each rank's bucket first (in bfloat16), then sums
+    for i, (local, ours, gloo) in enumerate(zip(grads["local"], grads[tested], grads.get("gloo", grads[tested]))):
+        if tested == "backend":   # DDP divides each rank's bucket first (in bfloat16), then sums
             exact = sum(comm.allgather((local / size).double()))
         else:
             exact = sum(comm.allgather(local.double())) / size
         if not torch.equal(ours, exact.to(torch.bfloat16)):
-            problems.append(f"rank {rank} bfloat16/{ARM}: gradient {i} is not the exact result, rounded once")
+            problems.append(f"rank {rank} bfloat16/{tested}: gradient {i} is not the exact result, rounded once")
         if size == 2 and "gloo" in grads and not torch.equal(ours, gloo):
-            problems.append(f"rank {rank} bfloat16/{ARM}: gradient {i} differs from gloo's")
+            problems.append(f"rank {rank} bfloat16/{tested}: gradient {i} differs from gloo's")
     return problems
 
 
-problems = []
-for variant in OPTIONS:
-    problems += compare(variant, train(variant, "gloo"), train(variant, ARM))
-problems += bf16_gradients()
-everyone = [p for ps in comm.allgather(problems) for p in ps]
-if rank == 0:
-    print("\n".join(everyone) or f"{ARM} on {DEVICE.type}: {len(OPTIONS)} variants agree with gloo at {size} ranks; bfloat16 "
-          "buckets are the exact result, rounded once",
-          flush=True)
+failed = False
+gloo = {variant: train(variant, "gloo") for variant in {**OPTIONS, **BACKEND_ONLY}}
+for arm in ARMS:
+    if arm == "backend":
+        GROUP = dist.new_group(backend="mcallreduce")
+    variants = {**OPTIONS, **BACKEND_ONLY} if arm == "backend" else OPTIONS
+    problems = [p for variant in variants for p in compare(variant, arm, gloo[variant], train(variant, arm))]
+    problems += bf16_gradients(arm)
+    everyone = [p for ps in comm.allgather(problems) for p in ps]
+    failed = failed or bool(everyone)
+    if rank == 0:
+        print("\n".join(everyone) or f"{arm} on {DEVICE.type}: {len(variants)} variants agree with gloo at {size} "
+              "ranks; bfloat16 buckets are the exact result, rounded once", flush=True)
 dist.destroy_process_group()
-sys.exit(1 if everyone else 0)
+sys.exit(1 if failed else 0)
