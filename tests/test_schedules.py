@@ -44,10 +44,20 @@ def sweep(p):
                 yield name, hosts, n, params
 
 
+_SWEPT = {}
+
+
+def swept(p, last_use=False):
+    """(name, hosts, n, params, schedule) for sweep(p), built once for the two exhaustive tests
+    (the runtime's plan cache is sized for a job's few calls, not for 300 schedules)."""
+    if p not in _SWEPT:
+        _SWEPT[p] = [(*case, build_schedule(*case)) for case in sweep(p)]
+    return _SWEPT.pop(p) if last_use else _SWEPT[p]
+
+
 @pytest.mark.parametrize("p", range(1, 18))
 def test_every_algorithm_sums_every_length(p):
-    for name, hosts, n, params in sweep(p):
-        sched = build_schedule(name, hosts, n, params)
+    for name, hosts, n, params, sched in swept(p):
         assert check_schedule(sched) is None
         bufs, expected = reference_run(sched, p, n, np.int64, seed=p * 7919 + n)
         for r, b in enumerate(bufs):
@@ -58,8 +68,7 @@ def test_every_algorithm_sums_every_length(p):
 def test_lowered_arrays_are_the_schedule_and_its_done_messages(p):
     # what the compiled executor runs is, row by row, the schedule the in-process executor plays,
     # then the done messages; with them the schedule still checks and sums
-    for name, hosts, n, params in sweep(p):
-        sched = build_schedule(name, hosts, n, params)
+    for name, hosts, n, params, sched in swept(p, last_use=True):
         done_tag = sched.max_tag + 1
         programs = [with_done_messages(prog, done_tag) for prog in sched.programs]
         for prog, full in zip(sched.programs, programs):
