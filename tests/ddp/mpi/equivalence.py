@@ -1,9 +1,9 @@
 """DDP with the multicolor hook, or on the mcallreduce backend, ends where DDP on gloo ends.
 
-Usage: equivalence.py hook|backend|hook,backend [cpu|cuda]. Every variant trains 20 steps from the same
-start, on different data per rank: on gloo, then with each arm (one line of results per arm). Parameters and buffers must agree
-(bitwise at 2 ranks, to 1e-6 relative beyond) and be bitwise equal across ranks. Buckets
-compressed to float16 (PyTorch's compression hook, or its wrapper around ours)
+Usage: equivalence.py hook|backend|hook,backend [cpu|cuda]. Every variant trains 20 steps from the
+same start, on different data per rank: on gloo, then with each arm (a line of results per arm).
+Parameters and buffers must agree (bitwise at 2 ranks, to 1e-6 relative beyond) and be bitwise
+equal across ranks. Buckets compressed to float16 (PyTorch's compression hook, or its wrapper around ours)
 agree to 1e-2 relative after the 20 steps wherever they are not bitwise: beyond 2 ranks such
 sums in another order differ in the last bit, and a wrapped hook averages after the sum where
 PyTorch's own compression hook divides first (in 16 bits, where small gradients lose bits).
@@ -162,7 +162,7 @@ def bf16_gradients(tested: str) -> list:
 
 
 failed = False
-gloo = {variant: train(variant, "gloo") for variant in {**OPTIONS, **BACKEND_ONLY}}
+gloo = {variant: train(variant, "gloo") for variant in {**OPTIONS, **(BACKEND_ONLY if "backend" in ARMS else {})}}
 for arm in ARMS:
     if arm == "backend":
         GROUP = dist.new_group(backend="mcallreduce")
