@@ -49,7 +49,7 @@ _SWEPT = {}
 
 def swept(p, last_use=False):
     """(name, hosts, n, params, schedule) for sweep(p), built once for the two exhaustive tests
-    (the runtime's plan cache is sized for a job's few calls, not for 300 schedules)."""
+    (build_schedule's cache holds 256, sized for a job's few calls, not for a sweep's 300)."""
     if p not in _SWEPT:
         _SWEPT[p] = [(*case, build_schedule(*case)) for case in sweep(p)]
     return _SWEPT.pop(p) if last_use else _SWEPT[p]

@@ -5,8 +5,8 @@
 
 The last rank takes part in one allreduce, then stays out of MPI without starting the next
 until every other rank has failed (told through files beside each other, on one host) or 6 s
-have passed, and exits. Every other rank starts that next one, blocking (``caller``: the stall inspector must
-wake the caller inside MPI_Waitsome) or through the progress thread (``thread``). It must
+have passed, and exits. Every other rank starts that next one, blocking (``caller``: the stall
+inspector must wake the caller inside MPI_Waitsome) or through the progress thread (``thread``). It must
 fail with the stall shutdown's error within 1.5 s of the limit, long before the last rank
 leaves. The exit status is the result.
 """
