@@ -72,13 +72,16 @@ def test_bad_prefix_is_refused():
         Cluster("this-is-far-too-long")
 
 
-def test_a_cpu_budget_out_of_range_is_refused_before_anything_is_made():
+def test_a_cpu_budget_or_mtu_out_of_range_is_refused_before_anything_is_made():
     ClusterConfig(2, cpus_per_host=0.5, cpu_period_ms=100).validate()
     for cpus, period, match in ((0, 10, "--cpus-per-host"), (os.cpu_count() + 1, 10, "--cpus-per-host"),
                                 (0.5, 0.1, "--cpu-period-ms"), (0.5, 5000, "--cpu-period-ms"),
                                 (0.05, 10, "under 1 ms")):
         with pytest.raises(ClusterError, match=match):
             ClusterConfig(2, cpus_per_host=cpus, cpu_period_ms=period).validate()
+    for mtu in (100, 70000):
+        with pytest.raises(ClusterError, match="--mtu"):
+            ClusterConfig(2, mtu=mtu).validate()
 
 
 def test_non_root_gets_a_clear_error(capsys):
@@ -177,15 +180,18 @@ def test_run_with_gloo_starts_horovods_gloo_controller_on_both_hosts(cluster, tm
 
 
 @needs_cluster
-def test_up_is_idempotent_and_changes_rate_and_slots_in_place(cluster, tmp_path):
+def test_up_is_idempotent_and_changes_rate_slots_and_mtu_in_place(cluster, tmp_path):
     before = sorted(leftovers(PREFIX))
     proc = cli("up", "--hosts", "2", "--rate", "200mbit")
     assert proc.returncode == 0 and "rebuilding" not in proc.stderr, proc.stderr
     assert sorted(leftovers(PREFIX)) == before
     try:
-        assert cli("up", "--hosts", "2", "--rate", "100mbit", "--ranks-per-host", "2").returncode == 0
+        assert cli("up", "--hosts", "2", "--rate", "100mbit", "--ranks-per-host", "2", "--mtu", "9000").returncode == 0
         assert sorted(leftovers(PREFIX)) == before
-        assert cli("status").stdout.count("send 100mbit, receive 100mbit") == 2
+        status = cli("status").stdout
+        assert status.count("send 100mbit, receive 100mbit") == 2 and "MTU 9000" in status
+        nic = subprocess.run(["ip", "-n", f"{PREFIX}-h1", "-j", "link", "show", "eth0"], capture_output=True, text=True)
+        assert json.loads(nic.stdout)[0]["mtu"] == 9000
         rows = run_job(cluster, tmp_path)  # np defaults to hosts x R = 4; vader within a host
         assert sorted(r[2] for r in rows) == [f"{PREFIX}-h0"] * 2 + [f"{PREFIX}-h1"] * 2
         assert all(r[4] == r[5] == "10" for r in rows)  # 1 + 2 + 3 + 4
@@ -313,6 +319,15 @@ def test_a_hung_job_is_killed_with_its_ranks(cluster):
     # own, removed by the launcher (they used to pile up in /tmp/ompi.<host>.0, one per kill)
     assert set(glob.glob("/tmp/ompi.*/*")) - sessions == set()
     assert glob.glob(f"/tmp/{PREFIX}-ompi-*") == []
+
+
+@needs_cluster
+def test_a_job_on_a_cluster_that_is_down_is_refused_and_leaves_nothing_behind():
+    import glob
+    prefix = "mctestz"
+    with pytest.raises(ClusterError, match="not up"):
+        Cluster(prefix).run([sys.executable, "-c", "pass"], timeout=5)
+    assert glob.glob(f"/tmp/{prefix}-ompi-*") == []
 
 
 # ---------------------------------------------------------------- down and crash recovery

@@ -31,7 +31,7 @@ from mcallreduce.errors import ConfigError
 from mcallreduce.bench.cluster_cpu import DEFAULT_CPU_PERIOD_MS
 from mcallreduce.bench.cluster_hosts import ClusterHosts
 from mcallreduce.bench.cluster_jobs import ClusterJobs
-from mcallreduce.bench.cluster_state import DEFAULT_PREFIX, DEFAULT_SUBNET, ClusterConfig
+from mcallreduce.bench.cluster_state import DEFAULT_MTU, DEFAULT_PREFIX, DEFAULT_SUBNET, ClusterConfig
 from mcallreduce.bench.netns import ClusterError, require_root
 
 __all__ = ["Cluster", "ClusterConfig", "ClusterError", "main"]
@@ -65,6 +65,8 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     p_up.add_argument("--cpu-period-ms", type=float, default=DEFAULT_CPU_PERIOD_MS, metavar="MS",
                       help="with --cpus-per-host: the period over which the cap holds (default %(default)g; "
                            "a host that spent its share stops until the period ends)")
+    p_up.add_argument("--mtu", type=int, default=DEFAULT_MTU,
+                      help="frame size of every link (default %(default)s; 9000: jumbo frames)")
     sub.add_parser("status", help="hosts, addresses, qdisc rates, up or not")
     sub.add_parser("down", help="remove everything named <prefix>-*")
     p_run = sub.add_parser("run", help="run an MPI job across the hosts: run [-np N] -- cmd ...")
@@ -94,7 +96,8 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     try:
         cluster = Cluster(ns.prefix)
         if ns.action == "up":
-            cluster.up(ns.hosts, ns.rate, ns.ranks_per_host, ns.rails, ns.subnet, ns.cpus_per_host, ns.cpu_period_ms)
+            cluster.up(ns.hosts, ns.rate, ns.ranks_per_host, ns.rails, ns.subnet, ns.cpus_per_host, ns.cpu_period_ms,
+                       ns.mtu)
             print(cluster.status_text(), end="")
         elif ns.action == "status":
             require_root()

@@ -13,7 +13,7 @@ from typing import Optional
 from mcallreduce.units import parse_rate
 from mcallreduce.bench.cluster_cpu import DEFAULT_CPU_PERIOD_MS
 from mcallreduce.bench.cluster_jobs import kill_processes_in, write_launch_scripts
-from mcallreduce.bench.cluster_state import DEFAULT_SUBNET, ClusterConfig, ClusterState
+from mcallreduce.bench.cluster_state import DEFAULT_MTU, DEFAULT_SUBNET, ClusterConfig, ClusterState
 from mcallreduce.bench.netns import (ClusterError, links, namespaces, require_root, root_namespace_networks, say, sh,
                                      tbf_options)
 from mcallreduce.bench.output import write_text
@@ -26,12 +26,12 @@ class ClusterHosts(ClusterState):
 
     def up(self, hosts: int, rate: str = "200mbit", ranks_per_host: int = 1, rails: int = 1,
            subnet: str = DEFAULT_SUBNET, cpus_per_host: Optional[float] = None,
-           cpu_period_ms: float = DEFAULT_CPU_PERIOD_MS) -> ClusterConfig:
+           cpu_period_ms: float = DEFAULT_CPU_PERIOD_MS, mtu: int = DEFAULT_MTU) -> ClusterConfig:
         """Create (or converge to) the cluster; a no-op when it is already up as asked.
         ``cpus_per_host``: cap each host's processes at that many cores per ``cpu_period_ms``
-        (None: they share the machine's)."""
+        (None: they share the machine's). ``mtu``: the frame size of every link."""
         require_root()
-        cfg = ClusterConfig(hosts, rate, ranks_per_host, rails, subnet, cpus_per_host, cpu_period_ms)
+        cfg = ClusterConfig(hosts, rate, ranks_per_host, rails, subnet, cpus_per_host, cpu_period_ms, mtu)
         cfg.validate()
         old = self.config()
         leftovers = self._mine(namespaces()) or self._mine(links()) or self.cpu_budget.cgroup_names()
@@ -43,21 +43,22 @@ class ClusterHosts(ClusterState):
             self.down()
         self._check_no_overlap(cfg)
         budget = "" if cpus_per_host is None else f", {cpus_per_host:g} core(s) each per {cpu_period_ms:g} ms"
-        say(f"up: {hosts} hosts x {rails} rail(s) at {rate}, {ranks_per_host} rank(s) per host{budget}")
+        frames = "" if mtu == DEFAULT_MTU else f", MTU {mtu}"
+        say(f"up: {hosts} hosts x {rails} rail(s) at {rate}{frames}, {ranks_per_host} rank(s) per host{budget}")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         have_links = set(links())
         for rail in range(rails):
             if self.bridge(rail) not in have_links:
                 sh("ip", "link", "add", self.bridge(rail), "type", "bridge")
-            sh("ip", "link", "set", self.bridge(rail), "addrgenmode", "none", "up")
+            sh("ip", "link", "set", self.bridge(rail), "mtu", str(mtu), "addrgenmode", "none", "up")
         self._ensure_namespace(self.head_ns)
-        self._ensure_nic(self.head_ns, self.head_port, "eth0", self.bridge(0), cfg.head_address(), None)
+        self._ensure_nic(self.head_ns, self.head_port, "eth0", self.bridge(0), cfg.head_address(), None, mtu)
         tbf = tbf_options(parse_rate(rate))
         for host in range(hosts):
             self._ensure_namespace(self.host_ns(host))
             for rail in range(rails):
                 self._ensure_nic(self.host_ns(host), self.host_port(host, rail), f"eth{rail}",
-                                 self.bridge(rail), cfg.host_address(host, rail), tbf)
+                                 self.bridge(rail), cfg.host_address(host, rail), tbf, mtu)
         if cpus_per_host is None:
             self.cpu_budget.unmount_and_remove()
         else:
@@ -79,13 +80,13 @@ class ClusterHosts(ClusterState):
         sh("ip", "-n", ns, "link", "set", "lo", "up")
 
     def _ensure_nic(self, ns: str, port: str, nic: str, bridge: str, address: str,
-                    tbf: Optional[list[str]]) -> None:
+                    tbf: Optional[list[str]], mtu: int) -> None:
         """veth ``port`` (root namespace, in ``bridge``) <-> ``nic`` in ``ns``; tbf on both ends."""
         if port not in links():
             sh("ip", "link", "add", port, "type", "veth", "peer", "name", nic, "netns", ns)
         # addrgenmode none: no IPv6 link-local addresses, so no chatter and no stray addresses
-        sh("ip", "link", "set", port, "master", bridge, "addrgenmode", "none", "up")
-        sh("ip", "-n", ns, "link", "set", nic, "addrgenmode", "none", "up")
+        sh("ip", "link", "set", port, "master", bridge, "mtu", str(mtu), "addrgenmode", "none", "up")
+        sh("ip", "-n", ns, "link", "set", nic, "mtu", str(mtu), "addrgenmode", "none", "up")
         sh("ip", "-n", ns, "addr", "replace", f"{address}/24", "dev", nic)
         if tbf is not None:
             sh("tc", "qdisc", "replace", "dev", port, "root", "tbf", *tbf)  # towards the host
@@ -120,7 +121,7 @@ class ClusterHosts(ClusterState):
         problems = self.problems()
         lines = [f"cluster '{self.prefix}': {'up' if not problems else 'BROKEN (run up again)'}: "
                  f"{cfg.hosts} hosts x {cfg.rails} rail(s), rate {cfg.rate} per direction, "
-                 f"{cfg.ranks_per_host} rank(s) per host, "
+                 f"{cfg.ranks_per_host} rank(s) per host, MTU {cfg.mtu}, "
                  + ("shared cores" if cfg.cpus_per_host is None else
                     f"{cfg.cpus_per_host:g} core(s) per host (per {cfg.cpu_period_ms:g} ms)") + "; "
                  f"state {self.state_path}"]

@@ -124,13 +124,13 @@ class ClusterJobs(ClusterState):
         # The daemons on the emulated hosts keep their per-job temporary directories under /tmp and
         # leave them behind (a killed job always does): one fresh base per job, removed after.
         tmpdir_base = tempfile.mkdtemp(prefix=f"{self.prefix}-ompi-")
-        cmd = (self.horovodrun_gloo_argv(argv, np=np) if gloo else
-               self.mpirun_argv(argv, np=np, env=env, mca={"orte_tmpdir_base": tmpdir_base, **(mca or {})},
-                                extra=extra))
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        pipe = subprocess.PIPE if capture else None
-        try:
+        try:   # from here on: building the command line can raise too (a cluster that is down)
+            cmd = (self.horovodrun_gloo_argv(argv, np=np) if gloo else
+                   self.mpirun_argv(argv, np=np, env=env, mca={"orte_tmpdir_base": tmpdir_base, **(mca or {})},
+                                    extra=extra))
+            full_env = dict(os.environ)
+            full_env.update(env or {})
+            pipe = subprocess.PIPE if capture else None
             proc = subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, env=full_env,
                                     start_new_session=True)
             try:

@@ -23,6 +23,8 @@ DEFAULT_SUBNET = "10.213.0.0/16"  # rail r is 10.213.r.0/24; host i is .i+1, the
 STATE_ROOT = Path("/run/mcallreduce-cluster")  # tmpfs: forgotten at reboot, like the namespaces
 HEAD_HOST_NUMBER = 254
 MAX_HOSTS = 253
+DEFAULT_MTU = 1500         # Ethernet's; 9000 is the usual jumbo frame of a cluster network
+MIN_MTU, MAX_MTU = 576, 65535
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,6}$")  # keeps "<prefix>-h252r1" within 15 chars
 
 
@@ -35,6 +37,7 @@ class ClusterConfig:
     subnet: str = DEFAULT_SUBNET
     cpus_per_host: Optional[float] = None   # None: the hosts share the machine's cores
     cpu_period_ms: float = DEFAULT_CPU_PERIOD_MS
+    mtu: int = DEFAULT_MTU   # every NIC, port and bridge of the cluster
 
     def validate(self) -> None:
         if not 1 <= self.hosts <= MAX_HOSTS:
@@ -51,6 +54,8 @@ class ClusterConfig:
         if self.cpus_per_host is not None and self.cpus_per_host * self.cpu_period_ms < 1:
             raise ClusterError(f"--cpus-per-host {self.cpus_per_host:g} is a quota under 1 ms per "
                                f"{self.cpu_period_ms:g} ms period, which the kernel refuses: raise --cpu-period-ms")
+        if not MIN_MTU <= self.mtu <= MAX_MTU:
+            raise ClusterError(f"--mtu must be {MIN_MTU}..{MAX_MTU} (what veth carries), got {self.mtu}")
         parse_rate(self.rate)
         net = ipaddress.ip_network(self.subnet)
         if net.prefixlen > 24 - (self.rails > 1) or not net.is_private:
