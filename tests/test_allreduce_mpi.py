@@ -6,9 +6,11 @@ import pytest
 from _mpi import mpi_script, passed
 
 
-def run_cases(np_, env=None, cases=()):
-    """Run tests/mpi/allreduce_cases.py; its exit status is the result (FAIL lines say which case)."""
-    stdout = passed(mpi_script(np_, "allreduce_cases.py", *cases, env=env, timeout=300))
+def run_cases(np_, env=None, cases=(), numpy_only=False):
+    """Run tests/mpi/allreduce_cases.py; its exit status is the result (FAIL lines say which case).
+    ``numpy_only``: leave out the cases on torch tensors (a job about another setting)."""
+    flags = ("--numpy-only",) if numpy_only else ()
+    stdout = passed(mpi_script(np_, "allreduce_cases.py", *flags, *cases, env=env, timeout=300))
     return re.findall(rf"^PASS (\S+) ranks={np_}$", stdout, re.M)
 
 
@@ -20,22 +22,22 @@ def test_all_cases(np_):
 def test_all_cases_without_the_shared_memory_stage():
     # one host runs multicolor through shared memory up to MCALLREDUCE_SHM_BYTES; this keeps
     # its point-to-point schedules (what the hierarchy does on every host of a cluster) covered
-    run_cases(3, env={"MCALLREDUCE_SHM_BYTES": "0"})
+    run_cases(3, env={"MCALLREDUCE_SHM_BYTES": "0"}, numpy_only=True)
 
 
 def test_all_cases_with_the_single_copy_stage_at_every_size():
     # from MCALLREDUCE_SINGLE_COPY_BYTES on, the one-host stage reads and writes the peers'
     # buffers directly; with no table multicolor is that stage at every size
-    run_cases(3, env={"MCALLREDUCE_SINGLE_COPY_BYTES": "1", "MCALLREDUCE_TUNING_FILE": "none"})
+    run_cases(3, env={"MCALLREDUCE_SINGLE_COPY_BYTES": "1", "MCALLREDUCE_TUNING_FILE": "none"}, numpy_only=True)
 
 
 def test_all_cases_with_the_window_stage_only():
     run_cases(2, env={"MCALLREDUCE_SINGLE_COPY_BYTES": "0", "MCALLREDUCE_ONE_SYNC_BYTES": "0",
-                      "MCALLREDUCE_TUNING_FILE": "none"})
+                      "MCALLREDUCE_TUNING_FILE": "none"}, numpy_only=True)
 
 
 def test_all_cases_with_the_one_sync_stage_up_to_8m():
-    run_cases(3, env={"MCALLREDUCE_ONE_SYNC_BYTES": "8M", "MCALLREDUCE_TUNING_FILE": "none"})
+    run_cases(3, env={"MCALLREDUCE_ONE_SYNC_BYTES": "8M", "MCALLREDUCE_TUNING_FILE": "none"}, numpy_only=True)
 
 
 def test_hierarchical_two_virtual_hosts_of_two_ranks():

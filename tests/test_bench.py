@@ -100,9 +100,12 @@ def test_tune_measure_writes_a_table_that_the_policy_then_follows(tmp_path):
         rows = written[section]["1h2r"]
         assert [row["size_bytes"] for row in rows] == [4096, 65536]
         for row in rows:   # each row names its fastest candidate, and keeps every candidate's time
-            best = min(row["measured_s"], key=row["measured_s"].get)
-            if not best.startswith("multicolor"):
-                assert row["algorithm"] == best, row
+            times = row["measured_s"]
+            best = min(times, key=times.get)
+            if times["multicolor"] <= 1.03 * times[best]:   # within the default margin: the built-in choice
+                best = "multicolor"
+            want = "multicolor" if best.startswith("multicolor") else best   # multicolor-256K: a segment size
+            assert row["algorithm"] == want, row
         for row in rows:
             algorithm, params = policy.resolve(cfg, row["size_bytes"], 4, [[0, 1]], 1 << 24, nonblocking=nonblocking)
             assert algorithm == row["algorithm"] and params.shared == row["shared"], (row, algorithm, params)
