@@ -55,7 +55,8 @@ class ClusterConfig:
             raise ClusterError(f"--cpus-per-host {self.cpus_per_host:g} is a quota under 1 ms per "
                                f"{self.cpu_period_ms:g} ms period, which the kernel refuses: raise --cpu-period-ms")
         if not MIN_MTU <= self.mtu <= MAX_MTU:
-            raise ClusterError(f"--mtu must be {MIN_MTU}..{MAX_MTU} (what veth carries), got {self.mtu}")
+            raise ClusterError(f"--mtu must be {MIN_MTU}..{MAX_MTU} (IPv4's least datagram to veth's largest frame), "
+                               f"got {self.mtu}")
         parse_rate(self.rate)
         net = ipaddress.ip_network(self.subnet)
         if net.prefixlen > 24 - (self.rails > 1) or not net.is_private:

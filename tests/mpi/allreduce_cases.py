@@ -3,7 +3,7 @@
     python -m mcallreduce.launch -np 3 -- python tests/mpi/allreduce_cases.py [--numpy-only] [case ...]
 
 ``--numpy-only`` leaves out the cases on torch tensors, for jobs about another setting: a
-tensor is a numpy view before any stage sees it, and importing torch costs each rank 1.5 s.
+tensor is a numpy view before any stage sees it, and importing torch is most of a rank's start-up.
 """
 import contextlib
 import itertools
