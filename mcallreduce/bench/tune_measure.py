@@ -40,6 +40,7 @@ CANDIDATES = (("multicolor", "multicolor", {}), ("multicolor-256K", "multicolor"
               ("doubling", "doubling", {}), ("halving", "halving", {}), ("mpi", "mpi", {}),
               ("mpi-ring", "mpi-ring", {}))
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,8M,16M,64M"
+DEFAULT_MARGIN = 0.03   # near ties trade places from run to run (docs/benchmarks.md, "The built-in table")
 #: each kind of call's rows, under its own key of the table
 SECTIONS = {"blocking": "tables", "nonblocking": NONBLOCKING_SECTION}
 
@@ -91,7 +92,7 @@ def choose(times: Dict[str, float], margin: float) -> str:
 
 
 def measure(sizes: Sequence[int], seconds: float, min_iters: int, passes: int = 3,
-            margin: float = 0.03, nonblocking: bool = False) -> List[Dict]:
+            margin: float = DEFAULT_MARGIN, nonblocking: bool = False) -> List[Dict]:
     from mpi4py import MPI
     from ..runtime import Context
     from .. import config
@@ -124,7 +125,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--seconds", type=float, default=0.5, help="time budget per size and candidate")
     ap.add_argument("--min-iters", type=int, default=5, help="timed calls per candidate and pass, at least")
     ap.add_argument("--passes", type=int, default=3, help="interleaved passes per size; each candidate keeps its best")
-    ap.add_argument("--margin", type=float, default=0.03,
+    ap.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                     help="keep the built-in choice where it is within this fraction of the fastest")
     ap.add_argument("--calls", default="blocking,nonblocking",
                     help="which calls to time: blocking (allreduce), nonblocking (allreduce_async, as the Horovod "
