@@ -334,9 +334,12 @@ def test_a_job_on_a_cluster_that_is_down_is_refused_and_leaves_nothing_behind():
 @needs_cluster
 def test_two_rails_up_then_down_removes_everything():
     prefix = "mctestd"
+    autogroups_before = Cluster(prefix).autogroups.enabled()
     try:
         proc = cli("up", "--hosts", "2", "--rails", "2", "--rate", "300mbit", prefix=prefix)
         assert proc.returncode == 0, proc.stderr
+        if autogroups_before is not None:   # off while up, whoever else holds them off
+            assert Cluster(prefix).autogroups.enabled() is False and "autogroups off" in cli("status", prefix=prefix).stdout
         assert f"{prefix}-h1" in namespaces() and f"{prefix}-br1" in links()
         nics = subprocess.run(["ip", "-n", f"{prefix}-h1", "-o", "-4", "addr"], capture_output=True,
                               text=True).stdout
@@ -357,6 +360,7 @@ def test_two_rails_up_then_down_removes_everything():
     assert leftovers(prefix) == []
     assert not Cluster(prefix).state_dir.exists()
     assert "down" in cli("status", prefix=prefix).stdout
+    assert Cluster(prefix).autogroups.enabled() == autogroups_before
 
 
 @needs_cluster
@@ -375,3 +379,33 @@ def test_down_after_a_crash_finds_leftovers_by_prefix():
         proc = cli("down", prefix=prefix)
     assert proc.returncode == 0, proc.stderr
     assert leftovers(prefix) == []
+
+
+# ---------------------------------------------------------------- autogroups (a file stands in for the switch)
+def test_autogroups_are_held_off_by_every_cluster_and_restored_by_the_last(tmp_path):
+    from mcallreduce.bench.autogroups import Autogroups
+    switch = tmp_path / "sched_autogroup_enabled"
+    switch.write_text("1\n")
+    groups = Autogroups(tmp_path / "state", switch)
+    assert groups.enabled() is True
+    groups.hold_off("a")
+    groups.hold_off("a")          # up is idempotent
+    groups.hold_off("b")
+    assert switch.read_text() == "0\n" and groups.holders() == ["a", "b"]
+    assert groups.release("a") is False and switch.read_text() == "0\n"
+    assert groups.release("a") is False          # down twice: nothing more to do
+    assert groups.release("b") is True and switch.read_text() == "1\n"
+    assert groups.holders() == [] and not groups.record.exists()
+
+
+def test_autogroups_already_off_or_absent_are_left_alone(tmp_path):
+    from mcallreduce.bench.autogroups import Autogroups
+    switch = tmp_path / "sched_autogroup_enabled"
+    switch.write_text("0\n")
+    groups = Autogroups(tmp_path / "state", switch)
+    groups.hold_off("a")
+    assert groups.holders() == [] and groups.release("a") is False and switch.read_text() == "0\n"
+    absent = Autogroups(tmp_path / "state", tmp_path / "no-such-switch")
+    assert absent.enabled() is None
+    absent.hold_off("a")
+    assert absent.holders() == [] and not (tmp_path / "no-such-switch").exists()

@@ -26,12 +26,15 @@ class ClusterHosts(ClusterState):
 
     def up(self, hosts: int, rate: str = "200mbit", ranks_per_host: int = 1, rails: int = 1,
            subnet: str = DEFAULT_SUBNET, cpus_per_host: Optional[float] = None,
-           cpu_period_ms: float = DEFAULT_CPU_PERIOD_MS, mtu: int = DEFAULT_MTU) -> ClusterConfig:
+           cpu_period_ms: float = DEFAULT_CPU_PERIOD_MS, mtu: int = DEFAULT_MTU,
+           keep_autogroups: bool = False) -> ClusterConfig:
         """Create (or converge to) the cluster; a no-op when it is already up as asked.
         ``cpus_per_host``: cap each host's processes at that many cores per ``cpu_period_ms``
-        (None: they share the machine's). ``mtu``: the frame size of every link."""
+        (None: they share the machine's). ``mtu``: the frame size of every link.
+        ``keep_autogroups``: leave the kernel's autogroups on (mcallreduce/bench/autogroups.py)."""
         require_root()
-        cfg = ClusterConfig(hosts, rate, ranks_per_host, rails, subnet, cpus_per_host, cpu_period_ms, mtu)
+        cfg = ClusterConfig(hosts, rate, ranks_per_host, rails, subnet, cpus_per_host, cpu_period_ms, mtu,
+                            keep_autogroups)
         cfg.validate()
         old = self.config()
         leftovers = self._mine(namespaces()) or self._mine(links()) or self.cpu_budget.cgroup_names()
@@ -63,6 +66,10 @@ class ClusterHosts(ClusterState):
             self.cpu_budget.unmount_and_remove()
         else:
             self.cpu_budget.apply(hosts, cpus_per_host, cpu_period_ms)
+        if keep_autogroups:
+            self.autogroups.release(self.prefix)
+        else:
+            self.autogroups.hold_off(self.prefix)
         write_launch_scripts(self, cfg)
         write_text(self.state_path, json.dumps(asdict(cfg), indent=1) + "\n", mode=0o644)
         say(f"up: done; mpirun runs in {self.head_ns} ({cfg.head_address()})")
@@ -106,6 +113,8 @@ class ClusterHosts(ClusterState):
                 removed.append(f"namespace {ns}")
         # raises with the state left in place: a recursive removal must not reach a mounted cgroup
         removed += [f"cpu cgroup {name}" for name in self.cpu_budget.unmount_and_remove()]
+        if self.autogroups.release(self.prefix):
+            removed.append("autogroups off (restored)")
         if self.state_dir.exists():
             shutil.rmtree(self.state_dir)
             removed.append(f"state {self.state_dir}")
@@ -122,6 +131,7 @@ class ClusterHosts(ClusterState):
         lines = [f"cluster '{self.prefix}': {'up' if not problems else 'BROKEN (run up again)'}: "
                  f"{cfg.hosts} hosts x {cfg.rails} rail(s), rate {cfg.rate} per direction, "
                  f"{cfg.ranks_per_host} rank(s) per host, MTU {cfg.mtu}, "
+                 f"autogroups {_on_off(self.autogroups.enabled())}, "
                  + ("shared cores" if cfg.cpus_per_host is None else
                     f"{cfg.cpus_per_host:g} core(s) per host (per {cfg.cpu_period_ms:g} ms)") + "; "
                  f"state {self.state_path}"]
@@ -138,6 +148,10 @@ class ClusterHosts(ClusterState):
                 lines.append(f"  host{host:<2} {ns:<12} {nic} {cfg.host_address(host, rail):<15} "
                              f"send {out_rate}, receive {in_rate}{cpu}")
         return "\n".join(lines) + "\n"
+
+
+def _on_off(enabled: Optional[bool]) -> str:
+    return "absent" if enabled is None else "on" if enabled else "off"
 
 
 def _tbf_rate(tc_args: list[str]) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from mcallreduce.units import parse_rate
+from mcallreduce.bench.autogroups import Autogroups
 from mcallreduce.bench.cluster_cpu import DEFAULT_CPU_PERIOD_MS, HostCpuBudget
 from mcallreduce.bench.netns import ClusterError, links, namespaces
 
@@ -38,6 +39,7 @@ class ClusterConfig:
     cpus_per_host: Optional[float] = None   # None: the hosts share the machine's cores
     cpu_period_ms: float = DEFAULT_CPU_PERIOD_MS
     mtu: int = DEFAULT_MTU   # every NIC, port and bridge of the cluster
+    keep_autogroups: bool = False   # False: the kernel's autogroups are off while it is up
 
     def validate(self) -> None:
         if not 1 <= self.hosts <= MAX_HOSTS:
@@ -83,6 +85,7 @@ class ClusterState:
         if not PREFIX_PATTERN.match(prefix):
             raise ClusterError(f"bad prefix {prefix!r}: 1-7 chars, [a-z][a-z0-9]*")
         self.prefix = prefix
+        self.autogroups = Autogroups(state_root)
         self.state_dir = Path(state_root) / prefix
         self.state_path = self.state_dir / "state.json"
         self.agent_path = self.state_dir / "rsh-agent.sh"
@@ -144,6 +147,8 @@ class ClusterState:
         missing += [f"link {n}" for n in wanted_links if n not in have_links]
         if not self.agent_path.exists():
             missing.append(f"rsh agent {self.agent_path}")
+        if not cfg.keep_autogroups and self.autogroups.enabled():
+            missing.append("autogroups off (the kernel's sched_autogroup_enabled is 1)")
         if cfg.cpus_per_host is not None:
             budget = self.cpu_budget
             missing += [f"cpu cgroup of host {i}" for i in range(cfg.hosts)
