@@ -44,6 +44,9 @@ class Autogroups:
         except (OSError, ValueError):
             return {}
 
+    def _write(self, record: dict) -> None:
+        write_text(self.record, json.dumps(record) + "\n")
+
     def hold_off(self, prefix: str) -> None:
         """Turn autogroups off for cluster ``prefix`` (idempotent)."""
         record = self._read()
@@ -53,7 +56,7 @@ class Autogroups:
             record = {"restore": "1", "holders": []}
         if prefix not in record["holders"]:
             record["holders"].append(prefix)
-        write_text(self.record, json.dumps(record) + "\n")
+        self._write(record)
         self.switch.write_text("0\n")
 
     def release(self, prefix: str) -> bool:
@@ -64,7 +67,7 @@ class Autogroups:
             return False
         record["holders"].remove(prefix)
         if record["holders"]:
-            write_text(self.record, json.dumps(record) + "\n")
+            self._write(record)
             return False
         try:
             self.switch.write_text(record["restore"] + "\n")
