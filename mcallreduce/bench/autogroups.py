@@ -8,7 +8,7 @@ hosts' runnable ranks waited (docs/cluster.md, "Autogroups"). Separate machines 
 coupling, so the cluster turns autogroups off for as long as any cluster that asked is up;
 ``cluster up --keep-autogroups`` leaves them as they are.
 
-Clusters of different prefixes may be up at once: ``holders.json`` under the state root names
+Clusters of different prefixes may be up at once: ``autogroups.json`` under the state root names
 those that need autogroups off and the value to restore when the last of them goes down.
 """
 from __future__ import annotations
