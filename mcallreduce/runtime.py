@@ -173,8 +173,9 @@ class Plan:
             self.kind = _executor.KIND_SINGLE_COPY
         elif self.params.shared:
             self.kind = _executor.KIND_SHARED
-        elif self.algorithm == "doubling" and config.check and nelem * dtype.itemsize <= FUSED_MAX_BYTES:
-            self.kind = _executor.KIND_FUSED    # reduced along its own metadata check
+        elif self.algorithm == "doubling" and nelem * dtype.itemsize <= FUSED_MAX_BYTES:
+            # reduced along its own metadata check, which then costs nothing: check or not, the fastest path
+            self.kind = _executor.KIND_FUSED
         elif self.algorithm in MPI_ALGORITHMS:
             if not mpi_type:
                 raise TypeError(f"mcallreduce: algorithm {self.algorithm!r} cannot reduce float16 (MPI has no such "
@@ -190,7 +191,7 @@ class Plan:
             self._lower(ctx, self.algorithm, self.params, nelem, dtype)
         self.meta: Optional[np.ndarray] = None
         self.check = _executor.CHECK_OFF
-        if config.check or self.params.shared:   # the shared stage's first sync carries it anyway
+        if config.check or self.params.shared or self.kind == _executor.KIND_FUSED:   # these carry it anyway
             self.check = _executor.CHECK_ON
             scale_key = hash((float(pre), float(post))) & ((1 << 40) - 1)
             p = self.params

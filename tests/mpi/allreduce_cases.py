@@ -226,6 +226,25 @@ def a_call_fused_with_its_check_and_a_larger_one_raise_everywhere():
 
 @case
 @between_peers
+def small_doubling_calls_keep_their_check_with_the_check_off():
+    # the check travels in a small doubling call's own messages and costs it nothing, so
+    # check=False keeps that path: exact sums, and a length mismatch still raises everywhere
+    from mcallreduce import _executor
+    from mcallreduce.runtime import Context
+    plan = Context.get().plan(config.current().with_overrides(algorithm="doubling", check=False), 1000,
+                              np.dtype(np.float32), "sum", 1.0, 1.0)
+    assert plan.kind == _executor.KIND_FUSED and plan.check == _executor.CHECK_ON, plan.kind
+    x = data(1000, np.float32)
+    mcallreduce.allreduce(x, algorithm="doubling", check=False)
+    assert np.array_equal(x, expected(1000, np.float32))
+    buf = np.ones(1000 + (rank == size - 1), np.float32)
+    assert "element count" in raises(MismatchError,
+                                     lambda: mcallreduce.allreduce(buf, algorithm="doubling", check=False))
+    assert np.all(buf == 1.0)
+
+
+@case
+@between_peers
 def fused_calls_of_different_sizes_at_the_limit_raise_everywhere():
     # the fused limit against half of it: every rank still takes the messages the others
     # send, raises, and leaves its buffer untouched
