@@ -318,13 +318,20 @@ def test_report_from_saved_measurements(tmp_path):
     (data / "bench-2h1r.json").write_text(json.dumps(
         {"setup": "2h1r", "hosts": 2, "ranks_per_host": 1, "rate": "200mbit",
          "barrier": {"ranks": 2, "barrier_s": 5e-4}, "records": recs}))
+    (data / "sweep-log.json").write_text(json.dumps({"log": ["2h1r: 9 s"], "date": "d", "autogroups": "off"}))
     (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\nkeep me\n")
     assert report.main(["--skip-measure", "--skip-paper", "--setups", "2x1", "--docs", str(tmp_path)]) == 0
     text = (tmp_path / "benchmarks.md").read_text()
     assert "keep me" in text and report.BEGIN in text and "Model vs measurement" in text
+    assert "Kernel autogroups while the hosts were up: off" in text
     assert (tmp_path / "img" / "busbw.png").read_bytes()[:4] == b"\x89PNG"
     pts = json.loads((data / "model-vs-measured.json").read_text())
     assert len(pts) == len(recs) and all(p["predicted_s"] > 0 for p in pts)
+
+
+def test_the_sweep_names_the_autogroups_it_ran_with():
+    from mcallreduce.bench.report.measure import autogroups_word
+    assert [autogroups_word(s) for s in ({False}, {True}, {None}, {False, True})] == ["off", "on", "absent", "mixed"]
 
 
 def test_the_modelled_check_is_the_runtimes_vector():

@@ -29,12 +29,14 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
     env = {"PYTHONPATH": str(REPO)}
     cluster = Cluster(ns.prefix)
     log = []
+    autogroups = set()   # the kernel's setting while each setup was up (docs/cluster.md, "Autogroups")
     try:
         calibrated = False
         big_done = False
         for hosts, rph in ns.setups:
             t0 = time.time()
             cluster.up(hosts, rate=ns.rate, ranks_per_host=rph)
+            autogroups.add(cluster.autogroups.enabled())
             if not calibrated:
                 raw = run_calibration(cluster, python=py, env=env)
                 cal = fit(raw, link_bytes_per_s(ns.rate))
@@ -76,7 +78,14 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
     finally:
         cluster.down()
     if not ns.latency_only:
-        write_json(data / "sweep-log.json", {"log": log, "date": time.strftime("%Y-%m-%d %H:%M")})
+        write_json(data / "sweep-log.json", {"log": log, "date": time.strftime("%Y-%m-%d %H:%M"),
+                                             "autogroups": autogroups_word(autogroups)})
+
+
+def autogroups_word(seen: set) -> str:
+    """The kernel's autogroups over the sweep's setups: "off", "on", "absent" or "mixed"."""
+    words = {False: "off", True: "on", None: "absent"}
+    return words[next(iter(seen))] if len(seen) == 1 else "mixed"
 
 
 def measure_horovod(cluster, ns, env, data: Path) -> List[Dict]:

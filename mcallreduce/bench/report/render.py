@@ -108,7 +108,9 @@ def markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning) -> s
           f"* {platform.node()}: {os.cpu_count()} cores shared by every emulated host, "
           f"{platform.platform()}, Open MPI 4.1.4 (Debian), Python {platform.python_version()}; "
           f"other engineers' jobs ran on the same cores (load varies). Sweep {log.get('date', '?')}: "
-          f"{', '.join(log.get('log', []))}." + (f" {log['note']}" if log.get("note") else ""),
+          f"{', '.join(log.get('log', []))}." + (f" {log['note']}" if log.get("note") else "")
+          + (f" Kernel autogroups while the hosts were up: {log['autogroups']} (docs/cluster.md, \"Autogroups\")."
+             if log.get("autogroups") else ""),
           f"* Emulated hosts: network namespaces, tbf at {ns.rate} per NIC and direction (docs/cluster.md).",
           "", "```sh",
           "scripts/setup_env.sh",
