@@ -330,8 +330,10 @@ def test_report_from_saved_measurements(tmp_path):
 
 
 def test_the_sweep_names_the_autogroups_it_ran_with():
+    from mcallreduce.bench.autogroups import state_word
     from mcallreduce.bench.report.measure import autogroups_word
-    assert [autogroups_word(s) for s in ({False}, {True}, {None}, {False, True})] == ["off", "on", "absent", "mixed"]
+    assert [state_word(v) for v in (False, True, None)] == ["off", "on", "absent"]
+    assert [autogroups_word(s) for s in ({"off"}, {"on"}, {"absent"}, {"off", "on"})] == ["off", "on", "absent", "mixed"]
 
 
 def test_the_modelled_check_is_the_runtimes_vector():

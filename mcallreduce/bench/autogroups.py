@@ -19,9 +19,14 @@ from typing import Optional
 
 from mcallreduce.bench.output import write_text
 
-__all__ = ["SWITCH", "Autogroups"]
+__all__ = ["SWITCH", "Autogroups", "state_word"]
 
 SWITCH = Path("/proc/sys/kernel/sched_autogroup_enabled")
+
+
+def state_word(enabled: Optional[bool]) -> str:
+    """:meth:`Autogroups.enabled` in a word: "on", "off", or "absent" (a kernel without them)."""
+    return "absent" if enabled is None else "on" if enabled else "off"
 
 
 class Autogroups:

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from typing import Optional
 
 from mcallreduce.units import parse_rate
+from mcallreduce.bench.autogroups import state_word
 from mcallreduce.bench.cluster_cpu import DEFAULT_CPU_PERIOD_MS
 from mcallreduce.bench.cluster_jobs import kill_processes_in, write_launch_scripts
 from mcallreduce.bench.cluster_state import DEFAULT_MTU, DEFAULT_SUBNET, ClusterConfig, ClusterState
@@ -131,7 +132,7 @@ class ClusterHosts(ClusterState):
         lines = [f"cluster '{self.prefix}': {'up' if not problems else 'BROKEN (run up again)'}: "
                  f"{cfg.hosts} hosts x {cfg.rails} rail(s), rate {cfg.rate} per direction, "
                  f"{cfg.ranks_per_host} rank(s) per host, MTU {cfg.mtu}, "
-                 f"autogroups {_on_off(self.autogroups.enabled())}, "
+                 f"autogroups {state_word(self.autogroups.enabled())}, "
                  + ("shared cores" if cfg.cpus_per_host is None else
                     f"{cfg.cpus_per_host:g} core(s) per host (per {cfg.cpu_period_ms:g} ms)") + "; "
                  f"state {self.state_path}"]
@@ -148,10 +149,6 @@ class ClusterHosts(ClusterState):
                 lines.append(f"  host{host:<2} {ns:<12} {nic} {cfg.host_address(host, rail):<15} "
                              f"send {out_rate}, receive {in_rate}{cpu}")
         return "\n".join(lines) + "\n"
-
-
-def _on_off(enabled: Optional[bool]) -> str:
-    return "absent" if enabled is None else "on" if enabled else "off"
 
 
 def _tbf_rate(tc_args: list[str]) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from ...sim.model import link_bytes_per_s
+from ..autogroups import state_word
 from ..output import write_json
 
 REPO = Path(__file__).resolve().parents[3]
@@ -36,7 +37,7 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
         for hosts, rph in ns.setups:
             t0 = time.time()
             cluster.up(hosts, rate=ns.rate, ranks_per_host=rph)
-            autogroups.add(cluster.autogroups.enabled())
+            autogroups.add(state_word(cluster.autogroups.enabled()))
             if not calibrated:
                 raw = run_calibration(cluster, python=py, env=env)
                 cal = fit(raw, link_bytes_per_s(ns.rate))
@@ -82,10 +83,9 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
                                              "autogroups": autogroups_word(autogroups)})
 
 
-def autogroups_word(seen: set) -> str:
-    """The kernel's autogroups over the sweep's setups: "off", "on", "absent" or "mixed"."""
-    words = {False: "off", True: "on", None: "absent"}
-    return words[next(iter(seen))] if len(seen) == 1 else "mixed"
+def autogroups_word(words: set) -> str:
+    """The kernel's autogroups over the sweep's setups: their one :func:`state_word`, or "mixed"."""
+    return next(iter(words)) if len(words) == 1 else "mixed"
 
 
 def measure_horovod(cluster, ns, env, data: Path) -> List[Dict]:
