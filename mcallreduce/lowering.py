@@ -4,9 +4,10 @@ A :class:`~mcallreduce.schedule.RankProgram` is a list of :class:`~mcallreduce.s
 objects; the executor (mcallreduce/native/executor.c) wants plain integers. ``lower``
 turns a program into
 
-* ``steps``: an ``(n, 10)`` int64 array, one row per step, in the columns of :data:`COLUMNS`
+* ``steps``: an ``(n, 11)`` int64 array, one row per step, in the columns of :data:`COLUMNS`
   (``ndeps`` is the number of steps it waits for, ``incoming_left`` 0 or 1, ``color`` the
-  step's color, -1 for a done message, and ``phase`` that of :func:`phases`);
+  step's color, -1 for a done message, ``phase`` that of :func:`phases`, and ``early`` 1
+  for a step of :func:`early_steps`);
 * ``dep_ptr``, ``dependents``: the dependents of every step in CSR form, so step ``i``'s
   dependents are ``dependents[dep_ptr[i]:dep_ptr[i + 1]]``, in the order
   :attr:`RankProgram.dependents` lists them.
@@ -18,21 +19,22 @@ rendezvous get, queued when the shared-memory FIFO is full) that MPI sends only 
 rank is inside an MPI call; without the done messages it could return and leave a peer
 waiting until it next calls MPI (with DDP on gloo in between: never).
 
-The executor timestamps each color's phases with the last two columns, for the timeline.
+The executor timestamps each color's phases with the color and phase columns, for the timeline.
 
 Plans lower once and keep the result (mcallreduce/runtime.py), as they keep the schedule.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Collection, Dict, FrozenSet
 
 import numpy as np
 
-from .schedule import Op, RankProgram, Step
+from .schedule import Op, RankProgram, Schedule, Step
 
-__all__ = ["COLUMNS", "Lowered", "lower", "phases", "with_done_messages"]
+__all__ = ["COLUMNS", "Lowered", "early_steps", "lower", "phases", "with_done_messages"]
 
-COLUMNS = ("op", "peer", "offset", "count", "scratch", "tag", "ndeps", "incoming_left", "color", "phase")
+COLUMNS = ("op", "peer", "offset", "count", "scratch", "tag", "ndeps", "incoming_left", "color", "phase", "early")
 REDUCING, BROADCASTING = 0, 1
 
 
@@ -80,13 +82,35 @@ def phases(program: RankProgram) -> list:
             for i, s in enumerate(steps)]
 
 
-def lower(program: RankProgram, done_tag: int) -> Lowered:
-    """The flat arrays of ``program`` and its done messages (see the module docstring)."""
+def early_steps(schedule: Schedule, rank: int, max_count: int) -> FrozenSet[int]:
+    """The steps of ``rank`` that may run before the metadata check (native/early.c): sends
+    from the buffer and receives into scratch of at most ``max_count`` elements that wait for
+    nothing, whose partner step on the peer (the same tag) is one too. Neither reads a value
+    another rank has not agreed on, and neither writes the user's buffer; per peer both sides
+    list them in the same tag order."""
+    def free(program: RankProgram, op: Op, peer: int) -> Dict[int, int]:
+        """tag -> step index of ``program``'s ``op`` steps with ``peer`` that wait for nothing."""
+        return {s.tag: i for i, s in enumerate(program.steps) if s.op == op and s.peer == peer and not s.deps
+                and 0 < s.count <= max_count}
+    mine = schedule.programs[rank]
+    peers = {s.peer for s in mine.steps if s.op in (Op.SEND, Op.RECV_SCRATCH)}
+    early = set()
+    for q in peers:
+        other = schedule.programs[q]
+        for own_op, peer_op in ((Op.SEND, Op.RECV_SCRATCH), (Op.RECV_SCRATCH, Op.SEND)):
+            theirs = free(other, peer_op, rank)
+            early.update(i for tag, i in free(mine, own_op, q).items() if tag in theirs)
+    return frozenset(early)
+
+
+def lower(program: RankProgram, done_tag: int, early: Collection[int] = ()) -> Lowered:
+    """The flat arrays of ``program`` and its done messages (see the module docstring);
+    ``early``: the steps of :func:`early_steps`."""
     own = len(program.steps)
     phase = phases(program)
     program = with_done_messages(program, done_tag)
     rows = [(int(s.op), s.peer, s.offset, s.count, s.scratch, s.tag, len(s.deps), int(s.incoming_left),
-             s.color if i < own else -1, phase[i] if i < own else REDUCING)
+             s.color if i < own else -1, phase[i] if i < own else REDUCING, int(i in early))
             for i, s in enumerate(program.steps)]
     steps = np.array(rows, dtype=np.int64).reshape(len(rows), len(COLUMNS))
     dependents = program.dependents

@@ -5,9 +5,10 @@ parameters. The check reduces ``[fields, -fields]`` with MAX, which gives every 
 maximum and minimum in one allreduce: the result equals a rank's own vector exactly when
 every rank sent the same one. Slot ``n`` carries the lowest rank that rejected its own
 arguments (as ``-rank``), so every rank can name it. The last slot of each half is not
-compared: it carries a choice the ranks make together (whether any of them cannot wait for
-MPI's own allreduce in a blocking call, which MPI never matches with a nonblocking one).
-No MPI here.
+compared: it carries what the ranks decide together. The first half's says whether any of
+them cannot wait for MPI's own allreduce in a blocking call, which MPI never matches with a
+nonblocking one; the second half's whether any sent data before the check (native/early.c),
+after which every rank drains the others' messages if the check fails. No MPI here.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ FIELDS = ("element count", "dtype", "algorithm", "op", "colors", "segment", "fan
           "hierarchy", "pipeline depth", "shared-memory stage", "scale factors", "route")
 REJECT_BUFFER, REJECT_CONFIG = 1, 2
 #: bytes of the vector every rank sends: [reject, *FIELDS, agreed] and its negation, int64;
-#: ``agreed`` (native/executor.c sets it per call) is MAX-reduced, never compared
+#: ``agreed`` and its negation's slot (the executor sets both per call) are MAX-reduced, never compared
 VECTOR_BYTES = 2 * (2 + len(FIELDS)) * 8
 _REJECT_REASONS = {REJECT_BUFFER: "unsupported buffer", REJECT_CONFIG: "invalid configuration"}
 

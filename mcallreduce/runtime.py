@@ -22,9 +22,9 @@ from . import _executor, hostlayout, mpit
 from . import config as _config
 from .algorithms import build_schedule
 from .config import MPI_ALGORITHMS, Config, ConfigError
-from .engine import MAX_SCHEDULE_TAGS, TAG_SPAN, Engine, Handle
+from .engine import EARLY_MAX_BYTES, MAX_SCHEDULE_TAGS, TAG_SPAN, Engine, Handle
 from .gpu import Staging, StagingError, is_gpu_buffer
-from .lowering import lower
+from .lowering import early_steps, lower
 from .memory import SharedWindow, as_array
 from .metadata import DTYPE_CODE, DTYPES, FIELDS, OP_CODE, REJECT_BUFFER, REJECT_CONFIG, mismatch, vector
 from .policy import ALGORITHMS, FUSED_MAX_BYTES, ROUTES, measured_nonblocking, resolve
@@ -213,7 +213,7 @@ class Plan:
         mine = self.schedule.programs[ctx.rank]
         if max((s.count for s in mine.steps), default=0) * dtype.itemsize > _MAX_MESSAGE_BYTES:
             raise ValueError("mcallreduce: a message of over 2 GiB; set MCALLREDUCE_SEGMENT_BYTES")
-        low = lower(mine, done_tag)
+        low = lower(mine, done_tag, early_steps(self.schedule, ctx.rank, EARLY_MAX_BYTES // dtype.itemsize))
         self.program = _executor.Program(low.steps, low.dep_ptr, low.dependents, low.scratch_elems)
 
 

@@ -5,7 +5,7 @@ import pytest
 from mcallreduce.algorithms import Params, build_multicolor, build_ring, build_schedule
 from mcallreduce.algorithms.trees import color_trees
 from mcallreduce.executor import DeadlockError, execute
-from mcallreduce.lowering import BROADCASTING, COLUMNS, REDUCING, lower, phases, with_done_messages
+from mcallreduce.lowering import BROADCASTING, COLUMNS, REDUCING, early_steps, lower, phases, with_done_messages
 from mcallreduce.schedule import Builder, Op, Schedule, RankProgram, Step, check_schedule
 
 DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64]
@@ -64,11 +64,35 @@ def test_every_algorithm_sums_every_length(p):
             assert np.array_equal(b, expected), (name, params, hosts, n, r)
 
 
+def assert_early_steps_pair_up(sched, case, max_count):
+    """What posting before the check rests on (native/early.c): early steps are sends from the
+    buffer and receives into scratch of at most ``max_count`` elements that wait for nothing, and
+    from every rank to every peer the early sends and the peer's early receives are the same
+    messages in the same order."""
+    early = [early_steps(sched, r, max_count) for r in range(sched.nranks)]
+    for a, prog in enumerate(sched.programs):
+        for i in early[a]:
+            s = prog.steps[i]
+            assert s.op in (Op.SEND, Op.RECV_SCRATCH) and not s.deps and 0 < s.count <= max_count, (case, a, i)
+        for b in range(sched.nranks):
+            sends = [prog.steps[i] for i in sorted(early[a]) if prog.steps[i].op == Op.SEND and prog.steps[i].peer == b]
+            recvs = [sched.programs[b].steps[i] for i in sorted(early[b])
+                     if sched.programs[b].steps[i].op == Op.RECV_SCRATCH and sched.programs[b].steps[i].peer == a]
+            assert [(s.tag, s.count) for s in sends] == [(r.tag, r.count) for r in recvs], (case, a, b)
+            assert [s.tag for s in sends] == sorted(s.tag for s in sends), (case, a, b)
+    name, hosts, n, params = case
+    if name in ("ring", "halving") and sched.nranks > 1 and n >= sched.nranks and max_count >= n:
+        assert any(early), case   # their first round travels early
+    return early
+
+
 @pytest.mark.parametrize("p", range(1, 18))
-def test_lowered_arrays_are_the_schedule_and_its_done_messages(p):
+def test_lowered_arrays_are_the_schedule_its_done_messages_and_its_early_steps(p):
     # what the compiled executor runs is, row by row, the schedule the in-process executor plays,
     # then the done messages; with them the schedule still checks and sums
     for name, hosts, n, params, sched in swept(p, last_use=True):
+        assert_early_steps_pair_up(sched, (name, hosts, n, params), max_count=4)   # some too big to go early
+        early = assert_early_steps_pair_up(sched, (name, hosts, n, params), max_count=max(n, 1))
         done_tag = sched.max_tag + 1
         programs = [with_done_messages(prog, done_tag) for prog in sched.programs]
         for prog, full in zip(sched.programs, programs):
@@ -82,7 +106,7 @@ def test_lowered_arrays_are_the_schedule_and_its_done_messages(p):
                 assert s.count == 0 and s.tag == done_tag
                 if s.op == Op.SEND:   # after every data send to that peer
                     assert set(s.deps) == {i for i, t in enumerate(prog.steps) if t.op == Op.SEND and t.peer == s.peer}
-            low = lower(prog, done_tag)
+            low = lower(prog, done_tag, early[prog.rank])
             assert low.steps.dtype == np.int64 and low.steps.shape == (len(full.steps), len(COLUMNS))
             assert low.scratch_elems == prog.scratch_elems
             phase = phases(prog) + [REDUCING] * len(extra)
@@ -98,7 +122,8 @@ def test_lowered_arrays_are_the_schedule_and_its_done_messages(p):
             for i, (row, step) in enumerate(zip(low.steps.tolist(), full.steps)):
                 color = step.color if i < len(prog.steps) else -1   # a done message has none
                 assert row == [int(step.op), step.peer, step.offset, step.count, step.scratch, step.tag,
-                               len(step.deps), int(step.incoming_left), color, phase[i]], (name, params, hosts, n, i)
+                               len(step.deps), int(step.incoming_left), color, phase[i],
+                               int(i in early[prog.rank])], (name, params, hosts, n, i)
                 deps = low.dependents[low.dep_ptr[i]:low.dep_ptr[i + 1]].tolist()
                 assert deps == full.dependents[i], (name, params, hosts, n, i)
             assert low.dep_ptr[-1] == len(low.dependents) == sum(len(s.deps) for s in full.steps)

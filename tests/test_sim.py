@@ -341,3 +341,14 @@ def test_the_modelled_check_is_the_runtimes_vector():
     from mcallreduce.sim import predict
     sent = metadata.vector(0, 0, (0,) * len(metadata.FIELDS))
     assert predict.CHECK_BYTES == sent.nbytes == metadata.VECTOR_BYTES
+
+
+def test_a_doubling_call_reduced_along_its_check_is_not_charged_the_check_twice():
+    # up to FUSED_MAX_BYTES a doubling call's data rides its own metadata check (native/check.c),
+    # so the check costs it nothing; a larger one waits for its check first
+    from mcallreduce.policy import FUSED_MAX_BYTES
+    model = emulated(4, rate="10gbit")
+    fused = predict("multicolor", model, 8 << 10, params=None)
+    assert fused == predict("multicolor", model, 8 << 10, check=False)
+    big = FUSED_MAX_BYTES * 4
+    assert predict("doubling", model, big, params=Params()) > predict("doubling", model, big, params=Params(), check=False)

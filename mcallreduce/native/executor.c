@@ -83,6 +83,7 @@ static void complete_step(run_t *r, int64_t i) {
 
 static void post_ready(EngineObject *e, run_t *r) {
     ProgramObject *p = (ProgramObject *)r->program;
+    if (r->early && !r->meta_checked) return;   /* the rest waits for every rank to agree (early.c) */
     while (r->nready && !r->done) {
         int32_t i = r->ready[--r->nready];
         step_t *s = &p->steps[i];
@@ -109,7 +110,8 @@ static void post_ready(EngineObject *e, run_t *r) {
 
 static void start_schedule(EngineObject *e, run_t *r) {
     ProgramObject *p = (ProgramObject *)r->program;
-    r->scratch_bytes = (size_t)p->scratch_elems * r->isz;
+    /* an early receive may take early_max bytes wherever it lands (early.c) */
+    r->scratch_bytes = (size_t)p->scratch_elems * r->isz + (r->early ? e->early_max : 0);
     r->scratch = pool_take(e, r->scratch_bytes);
     r->waiting = malloc(sizeof(int32_t) * (size_t)(p->nsteps + 1));
     r->ready = malloc(sizeof(int32_t) * (size_t)(p->nsteps + 1));
@@ -120,8 +122,10 @@ static void start_schedule(EngineObject *e, run_t *r) {
     r->nready = 0;
     for (int64_t i = p->nsteps - 1; i >= 0; i--) {   /* popped in step order */
         r->waiting[i] = p->steps[i].ndeps;
-        if (r->waiting[i] == 0) r->ready[r->nready++] = (int32_t)i;
+        if (r->waiting[i] == 0 && !(r->early && p->steps[i].early)) r->ready[r->nready++] = (int32_t)i;
     }
+    for (int64_t i = 0; r->early && i < p->nsteps && !r->done; i++)   /* in step order: early.c */
+        if (p->steps[i].early) post_early(e, r, i);
     post_ready(e, r);
 }
 
@@ -135,7 +139,13 @@ void checked(EngineObject *e, run_t *r) {
     r->meta_checked = 1;
     r->t_checked = now_s();
     if (r->kind == KIND_CHECK_ONLY || (r->check != CHECK_OFF && !agreed(r))) {
-        finish(e, r, STATUS_MISMATCH);
+        if (r->meta_out[EARLY_SLOT(r)] > 0) start_drain(e, r);   /* some rank sent data before it */
+        else finish(e, r, STATUS_MISMATCH);
+        return;
+    }
+    if (r->early_bad) {   /* agreed, yet a message did not fit: the ranks differ in what the check omits */
+        fail_run(e, r, "a message did not fit this rank's schedule: do all ranks see the same hosts "
+                 "(MCALLREDUCE_RANKS_PER_HOST)?", MPI_SUCCESS);
         return;
     }
     /* counted only once agreed, so every rank counts the same calls (shared_stage.c) */
@@ -163,6 +173,7 @@ void checked(EngineObject *e, run_t *r) {
         if (r->on_schedule) start_schedule(e, r);
         return;
     default:
+        if (r->early) { post_ready(e, r); return; }   /* started before the check, unscaled */
         scale_buffer(r->dtype, r->buf, r->nelem, r->pre);
         start_schedule(e, r);
     }
@@ -226,19 +237,24 @@ static void peer_left(EngineObject *e, int rank, long long seq) {
     abandon(e, seq, why);
 }
 
-static void completed(EngineObject *e, int n) {
+static void completed(EngineObject *e, int n, int in_status) {
     /* Detach the completed requests first (moving the tail into their places, highest index
        first): handling them posts new requests at the tail. */
     run_t *runs[n > 0 ? n : 1];
     int32_t steps[n > 0 ? n : 1];
-    int received[n > 0 ? n : 1];
+    int received[n > 0 ? n : 1], cancelled[n > 0 ? n : 1], error[n > 0 ? n : 1];
     for (int k = 0; k < n; k++) {
         runs[k] = e->owner_run[e->index[k]];
         steps[k] = e->owner_step[e->index[k]];
-        received[k] = 0;
+        received[k] = cancelled[k] = 0;
+        error[k] = in_status ? e->statuses[k].MPI_ERROR : MPI_SUCCESS;
         if (steps[k] == OWNER_CHECK_RECV || steps[k] == OWNER_CHECK_PIECE)
             MPI_Get_count(&e->statuses[k], MPI_BYTE, &received[k]);
         if (steps[k] == OWNER_GOODBYE) received[k] = e->statuses[k].MPI_SOURCE;
+        if (runs[k] && early_recv(runs[k], steps[k])) {
+            MPI_Test_cancelled(&e->statuses[k], &cancelled[k]);
+            if (!cancelled[k] && error[k] == MPI_SUCCESS) MPI_Get_count(&e->statuses[k], MPI_BYTE, &received[k]);
+        }
     }
     for (int a = 1; a < n; a++) {   /* insertion sort, descending */
         int v = e->index[a], b = a - 1;
@@ -257,7 +273,16 @@ static void completed(EngineObject *e, int n) {
         if (step == OWNER_WAKE) { e->woken = 1; post_wake(e); continue; }
         if (step == OWNER_GOODBYE) { long long seq = e->bye_seq; post_goodbye(e); peer_left(e, received[k], seq); continue; }
         r->inflight--;
+        if (r->draining) { drain_completed(e, r, step, received[k], cancelled[k], error[k]); continue; }
         if (r->done) continue;                         /* failed earlier: its other requests drain */
+        if (error[k] != MPI_SUCCESS) { fail_run(e, r, "a send or receive", error[k]); continue; }
+        if (early_recv(r, step)) {
+            early_received(e, r, step, received[k]);
+            if (r->early_bad && r->meta_checked && !r->done)
+                fail_run(e, r, "a message did not fit this rank's schedule: do all ranks see the same hosts "
+                         "(MCALLREDUCE_RANKS_PER_HOST)?", MPI_SUCCESS);
+            if (r->done) continue;
+        }
         switch (step) {
         case OWNER_COLLECTIVE: finish(e, r, STATUS_OK); break;
         case OWNER_CHECK_SEND: case OWNER_CHECK_RECV: case OWNER_CHECK_PIECE:
@@ -304,14 +329,15 @@ void progress(EngineObject *e, int block, run_t *until) {
             break;
         }
         int n = 0, rc = MPI_Testsome(e->nreqs, e->reqs, &n, e->index, e->statuses);
-        if (rc != MPI_SUCCESS) {
+        int in_status = rc == MPI_ERR_IN_STATUS;   /* a request failed: its run, not the engine */
+        if (rc != MPI_SUCCESS && !in_status) {
             char msg[MPI_MAX_ERROR_STRING];
             int len = 0;
             MPI_Error_string(rc, msg, &len);
             snprintf(e->fatal, sizeof e->fatal, "MPI_Testsome failed: %.*s", len, msg);
             break;
         }
-        if (n != MPI_UNDEFINED && n > 0) completed(e, n);
+        if (n != MPI_UNDEFINED && n > 0) completed(e, n, in_status);
         if (e->abort_requested) { e->abort_requested = 0; abandon(e, -1, e->abort_reason); }
         if (e->woken) { e->woken = 0; if (!until) break; }
         if (!block) break;
@@ -334,7 +360,7 @@ void progress(EngineObject *e, int block, run_t *until) {
 void free_run(run_t *r) {
     PyBuffer_Release(&r->view);
     Py_XDECREF(r->program);
-    free(r->waiting); free(r->ready); free(r->meta); free(r->cmine); free(r->crecv); free(r->scratch); free(r->color_t); free(r->sync_in); free(r);
+    free(r->waiting); free(r->ready); free(r->meta); free(r->cmine); free(r->crecv); free(r->scratch); free(r->color_t); free(r->sync_in); free(r->drain); free(r);
 }
 
 /* Start a submitted run: its check (which leads to its body), in call order where it queues. */
@@ -353,6 +379,12 @@ void start_run(EngineObject *e, run_t *r) {
         e->shm_tail = r;
         if (first) shm_publish(e, r);
     } else {
+        r->early = early_eligible(e, r);
+        if (r->early) {   /* its first messages travel while the check is out (early.c) */
+            r->meta[EARLY_SLOT(r)] = 1;
+            start_schedule(e, r);
+            if (r->done) return;
+        }
         start_check(e, r);
     }
 }

@@ -20,25 +20,29 @@ enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KI
 /* from this many ranks MPI_Iallreduce sends from a copy (collective.c): libnbc's reduce-scatter */
 #define MPI_SEND_COPY_RANKS 4
 /* The metadata vector's last slot of each half (mcallreduce/metadata.py): MAX-reduced by the
- * check, never compared. An MPI collective's is 1 where this rank cannot wait for it alone. */
+ * check, never compared. An MPI collective's first is 1 where this rank cannot wait for it
+ * alone; the second is 1 where this rank sent data before the check (early.c). */
 #define AGREED_SLOT(r) ((r)->nmeta / 2 - 1)
+#define EARLY_SLOT(r) ((r)->nmeta - 1)
 enum { CHECK_OFF = 0, CHECK_ON = 1 };
 enum { STATUS_OK = 0, STATUS_MISMATCH = 1, STATUS_ERROR = 2 };
 enum { OWNER_CHECK_SEND = -1, OWNER_COLLECTIVE = -2, OWNER_SYNC = -3, OWNER_WAKE = -4, OWNER_CHECK_RECV = -5,
-       OWNER_GOODBYE = -6, OWNER_CHECK_PIECE = -7 };
-#define LOWERED_COLUMNS 10  /* op, peer, offset, count, scratch, tag, ndeps, incoming_left, color, phase */
+       OWNER_GOODBYE = -6, OWNER_CHECK_PIECE = -7, OWNER_FENCE = -8,
+       OWNER_DRAIN = -16 /* minus the peer: a drain receive (early.c) */ };
+#define LOWERED_COLUMNS 11  /* op, peer, offset, count, scratch, tag, ndeps, incoming_left, color, phase, early */
 #define POOL_SLOTS 8
 
 typedef struct {
     int32_t op, peer, tag, ndeps, left;
     int32_t color, phase;   /* color -1: a done message; phase 0 reduces, 1 broadcasts (lowering.py) */
+    int32_t early;          /* posted before the check (early.c) */
     int64_t offset, count, scratch;
 } step_t;
 
 typedef struct {
     PyObject_HEAD
     int64_t nsteps, scratch_elems;
-    int ncolors;
+    int ncolors, has_early;
     step_t *steps;
     int64_t *dep_ptr;      /* dependents of step i: dependents[dep_ptr[i]:dep_ptr[i + 1]] */
     int32_t *dependents;
@@ -78,6 +82,10 @@ typedef struct run {
        data), what it receives, and whether the data still holds a valid partial result */
     int cstep, data_bad, received, meta_checked;
     char *cmine, *crecv;
+    /* data before the check (early.c): posted, a message that did not fit, and after a mismatch
+       the drain, and per peer whether its fence arrived */
+    int early, early_bad, draining;
+    int *drain;
     size_t cmine_bytes;
     struct run *next;           /* in the collective or shared-memory queue */
     double t_start, t_checked, t_done;   /* CLOCK_MONOTONIC seconds (Python's time.monotonic) */
@@ -93,7 +101,7 @@ typedef struct run {
 typedef struct {
     PyObject_HEAD
     MPI_Comm comm, ctl, coll, coll_ring;
-    int rank, size, check_tag, sync_tag, woken;
+    int rank, size, check_tag, sync_tag, early_tag, woken;
     /* the wake-up: a generalized request in every wait, which any thread completes (under
        wake_lock, while armed) to make a blocked progress() return */
     MPI_Request wake_req;
@@ -106,6 +114,8 @@ typedef struct {
     run_t *graveyard;
     char abort_reason[200];
     size_t fused_max;           /* the largest fused call's data: every check receive holds this much */
+    size_t early_max;           /* the largest early message (early.c): every early receive holds this much */
+    char *discard;              /* early_max bytes the drain receives into, never read */
     size_t piece_bytes;         /* the check's messages travel in pieces of at most this much */
     double poll_s;              /* a blocking wait polls this long after a completion, then naps */
     MPI_Status *statuses;
@@ -150,6 +160,14 @@ void post_wake(EngineObject *e);
 int wake(EngineObject *e);            /* from any thread: MPI_SUCCESS or the MPI error */
 void post_goodbye(EngineObject *e);
 void cancel_standing(EngineObject *e, int32_t owner);
+
+/* early.c: a schedule's first messages, posted before the check; the drain after a mismatch */
+int early_eligible(EngineObject *e, run_t *r);   /* whether this run posts data before its check */
+void post_early(EngineObject *e, run_t *r, int64_t i);   /* one early step, on the early tag */
+void start_drain(EngineObject *e, run_t *r);     /* a mismatch after early data: fence and drain */
+void drain_completed(EngineObject *e, run_t *r, int32_t owner, int count, int cancelled, int error);
+int early_recv(const run_t *r, int32_t owner);   /* whether `owner` is one of r's receives on the early tag */
+void early_received(EngineObject *e, run_t *r, int32_t owner, int count);   /* before any drain */
 
 /* collective.c: MPI's own allreduce, started in call order */
 void pump_collectives(EngineObject *e);

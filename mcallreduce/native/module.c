@@ -60,13 +60,16 @@ static MPI_Comm comm_of(long long handle) { return MPI_Comm_f2c((MPI_Fint)handle
 
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
     long long comm, ctl, coll, coll_ring = -1;
-    long long fused_max, piece;
+    long long fused_max, piece, early_max;
     double poll_s;
-    static char *names[] = {"comm", "ctl", "coll", "check_tag", "sync_tag", "fused_max", "piece_bytes", "poll_s",
-                            "coll_ring", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLiiLLd|L", names, &comm, &ctl, &coll, &self->check_tag,
-                                     &self->sync_tag, &fused_max, &piece, &poll_s, &coll_ring))
+    static char *names[] = {"comm", "ctl", "coll", "check_tag", "sync_tag", "early_tag", "early_max", "fused_max",
+                            "piece_bytes", "poll_s", "coll_ring", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "LLLiiiLLLd|L", names, &comm, &ctl, &coll, &self->check_tag,
+                                     &self->sync_tag, &self->early_tag, &early_max, &fused_max, &piece, &poll_s,
+                                     &coll_ring))
         return -1;
+    if (early_max < 0 || early_max > (1 << 30)) { PyErr_SetString(PyExc_ValueError, "early_max out of range"); return -1; }
+    self->early_max = (size_t)early_max;
     if (poll_s < 0) { PyErr_SetString(PyExc_ValueError, "poll_s must be >= 0"); return -1; }
     self->poll_s = poll_s;
     if (piece < 64) { PyErr_SetString(PyExc_ValueError, "piece_bytes must be at least 64"); return -1; }
@@ -74,6 +77,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
     self->piece_bytes = (size_t)piece;
     self->comm = comm_of(comm); self->ctl = comm_of(ctl); self->coll = comm_of(coll);
     self->coll_ring = coll_ring < 0 ? self->coll : comm_of(coll_ring);   /* none: the default decision */
+    /* a failed send or receive fails its call, not the job */
+    MPI_Comm_set_errhandler(self->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(self->comm, &self->rank);
     MPI_Comm_size(self->comm, &self->size);
     self->win = MPI_WIN_NULL;
@@ -88,7 +93,7 @@ static void Engine_dealloc(EngineObject *self) {
     while (self->graveyard) { run_t *r = self->graveyard; self->graveyard = r->grave; free_run(r); }
     for (int i = 0; i < POOL_SLOTS; i++) free(self->pool[i]);
     free(self->reqs); free(self->owner_run); free(self->owner_step); free(self->index); free(self->statuses);
-    free(self->runs);
+    free(self->runs); free(self->discard);
     pthread_mutex_destroy(&self->wake_lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -140,7 +145,6 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssi
         r->meta_out = r->meta + r->nmeta;
         if (MPI_COLLECTIVE(t->kind)) {   /* blocking only where every rank waits for it alone */
             r->meta[AGREED_SLOT(r)] = !wait;
-            r->meta[r->nmeta - 1] = -(int64_t)!wait;
         }
     }
     if (self->nruns == self->runs_cap) {
@@ -269,6 +273,7 @@ static PyObject *Engine_waiting_on(EngineObject *self, PyObject *args) {
         run_t *r = self->runs[i];
         if (r->seq != seq) continue;
         if (r->done) return Py_BuildValue("(si)", "done", -1);
+        if (r->draining) return Py_BuildValue("(si)", "the other ranks' messages of a mismatched call (early.c)", -1);
         if (r->cmine && r->cstep >= 0 && !r->meta_checked) {
             int peer = check_peer(self, r);
             return Py_BuildValue("(si)", "the metadata check", peer);

@@ -41,16 +41,23 @@ static int Program_init(ProgramObject *self, PyObject *args, PyObject *kw) {
     }
     self->steps = malloc(sizeof(step_t) * (size_t)(self->nsteps ? self->nsteps : 1));
     self->dependents = malloc(sizeof(int32_t) * (size_t)(ndeps ? ndeps : 1));
+    int bad_early = 0;
     for (int64_t i = 0; i < self->nsteps; i++) {
         int64_t *r = raw + i * LOWERED_COLUMNS;
         step_t *s = &self->steps[i];
         s->op = (int32_t)r[0]; s->peer = (int32_t)r[1]; s->offset = r[2]; s->count = r[3];
         s->scratch = r[4]; s->tag = (int32_t)r[5]; s->ndeps = (int32_t)r[6]; s->left = (int32_t)r[7];
-        s->color = (int32_t)r[8]; s->phase = (int32_t)r[9];
+        s->color = (int32_t)r[8]; s->phase = (int32_t)r[9]; s->early = (int32_t)r[10];
         if (s->color >= self->ncolors) self->ncolors = s->color + 1;
+        if (s->early && (s->ndeps || (s->op != STEP_SEND && s->op != STEP_RECV_SCRATCH))) bad_early = 1;
+        if (s->early) self->has_early = 1;
     }
     for (Py_ssize_t i = 0; i < ndeps; i++) self->dependents[i] = (int32_t)deps[i];
     free(raw); free(deps);
+    if (bad_early) {   /* posted before the check, it must neither wait nor write the buffer */
+        PyErr_SetString(PyExc_ValueError, "an early step must be a send or a receive into scratch with no dependencies");
+        return -1;
+    }
     self->scratch_elems = scratch;
     return 0;
 }

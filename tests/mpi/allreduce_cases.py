@@ -16,6 +16,7 @@ from mpi4py import MPI
 import mcallreduce
 from mcallreduce import ConfigError, MismatchError, config
 from mcallreduce.policy import FUSED_MAX_BYTES
+from mcallreduce.runtime import Context
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -469,6 +470,34 @@ def mpi_ring_is_open_mpis_ring_where_it_can_be_forced():
         assert np.array_equal(b, expected(b.size, np.float32))
     msg = raises(Exception, lambda: mcallreduce.allreduce(np.ones(8, np.float16), algorithm="mpi-ring"))
     assert "float16" in msg, msg
+
+
+@case
+@between_peers
+def a_mismatch_after_data_sent_before_the_check_leaves_no_message_behind():
+    # a schedule's first messages travel before its metadata check (native/early.c); when the
+    # ranks disagree, every rank drains what the others sent it, so the call that later reuses
+    # the mismatched call's tag window receives only its own messages, and exactly
+    last = rank == size - 1
+    n = 60000
+    mismatched = [   # (what differs, this rank's call): bigger messages, other bytes, no early data
+        ("element count", dict(count=n + 3001 if last else n, dtype=np.float32, algorithm="ring")),
+        ("dtype", dict(count=n, dtype=np.int32 if last else np.float32, algorithm="halving")),
+        ("algorithm", dict(count=n, dtype=np.float32, algorithm="mpi" if last else "halving")),
+    ]
+    for what, call in mismatched:
+        buf = np.ones(call["count"], call["dtype"])
+        msg = raises(MismatchError, lambda: mcallreduce.allreduce(buf, algorithm=call["algorithm"],
+                                                                  segment_bytes=16 << 10))
+        assert what in msg, msg
+        assert np.all(buf == 1), "a failed allreduce must leave the buffer untouched"
+    filler = np.ones(4, np.float32)
+    for _ in range(Context.get(comm).windows - len(mismatched)):   # small calls ride their check (no early tag)
+        mcallreduce.allreduce(filler, algorithm="doubling")
+    for algorithm in ("ring", "halving", "halving"):   # the same windows as the mismatched calls
+        x = data(n, np.float32)
+        mcallreduce.allreduce(x, algorithm=algorithm, segment_bytes=16 << 10)
+        assert np.array_equal(x, expected(n, np.float32)), algorithm
 
 
 @case
