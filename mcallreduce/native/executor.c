@@ -66,6 +66,10 @@ void pool_give(EngineObject *e, void *p, size_t bytes) {
 
 /* ---- bodies */
 
+/* an early message of another size, where the check agreed: the ranks differ in what it omits */
+static const char MISFIT[] = "a message did not fit this rank's schedule: do all ranks see the same hosts "
+                             "(MCALLREDUCE_RANKS_PER_HOST)?";
+
 static void complete_step(run_t *r, int64_t i) {
     ProgramObject *p = (ProgramObject *)r->program;
     r->remaining--;
@@ -143,9 +147,8 @@ void checked(EngineObject *e, run_t *r) {
         else finish(e, r, STATUS_MISMATCH);
         return;
     }
-    if (r->early_bad) {   /* agreed, yet a message did not fit: the ranks differ in what the check omits */
-        fail_run(e, r, "a message did not fit this rank's schedule: do all ranks see the same hosts "
-                 "(MCALLREDUCE_RANKS_PER_HOST)?", MPI_SUCCESS);
+    if (r->early_bad) {
+        fail_run(e, r, MISFIT, MPI_SUCCESS);
         return;
     }
     /* counted only once agreed, so every rank counts the same calls (shared_stage.c) */
@@ -279,8 +282,7 @@ static void completed(EngineObject *e, int n, int in_status) {
         if (early_recv(r, step)) {
             early_received(e, r, step, received[k]);
             if (r->early_bad && r->meta_checked && !r->done)
-                fail_run(e, r, "a message did not fit this rank's schedule: do all ranks see the same hosts "
-                         "(MCALLREDUCE_RANKS_PER_HOST)?", MPI_SUCCESS);
+                fail_run(e, r, MISFIT, MPI_SUCCESS);
             if (r->done) continue;
         }
         switch (step) {
