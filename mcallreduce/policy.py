@@ -14,12 +14,17 @@ from typing import Optional, Sequence, Tuple
 from .algorithms import Params
 from .config import ALGORITHMS, MPI_ALGORITHMS, ROUTES, Config
 
-__all__ = ["ALGORITHMS", "ROUTES", "FUSED_MAX_BYTES", "resolve", "measured_nonblocking", "default_colors",
+__all__ = ["ALGORITHMS", "ROUTES", "FUSED_MAX_BYTES", "fused_with_check", "resolve", "measured_nonblocking", "default_colors",
            "latency_bound"]
 
 #: a ``doubling`` call up to this size travels with its metadata check (native/check.c): its
 #: data is reduced along the check's own recursive doubling, one latency for both
 FUSED_MAX_BYTES = 256 << 10
+
+
+def fused_with_check(algorithm: str, nbytes: int) -> bool:
+    """Whether a call of ``algorithm`` on ``nbytes`` is reduced along its own metadata check."""
+    return algorithm == "doubling" and nbytes <= FUSED_MAX_BYTES
 
 # Defaults by message size, in the spirit of Blue Gene/Q's colors-by-size table:
 # small messages are latency-bound (one tree, one message per hop), large ones are

@@ -27,7 +27,7 @@ from .gpu import Staging, StagingError, is_gpu_buffer
 from .lowering import early_steps, lower
 from .memory import SharedWindow, as_array
 from .metadata import DTYPE_CODE, DTYPES, FIELDS, OP_CODE, REJECT_BUFFER, REJECT_CONFIG, mismatch, vector
-from .policy import ALGORITHMS, FUSED_MAX_BYTES, ROUTES, measured_nonblocking, resolve
+from .policy import ALGORITHMS, ROUTES, fused_with_check, measured_nonblocking, resolve
 from .schedule import Schedule
 
 __all__ = ["Context", "Handle", "allreduce", "allreduce_async", "start_progress_thread", "OPS", "DTYPES"]
@@ -173,7 +173,7 @@ class Plan:
             self.kind = _executor.KIND_SINGLE_COPY
         elif self.params.shared:
             self.kind = _executor.KIND_SHARED
-        elif self.algorithm == "doubling" and nelem * dtype.itemsize <= FUSED_MAX_BYTES:
+        elif fused_with_check(self.algorithm, nelem * dtype.itemsize):
             # reduced along its own metadata check, which then costs nothing: check or not, the fastest path
             self.kind = _executor.KIND_FUSED
         elif self.algorithm in MPI_ALGORITHMS:

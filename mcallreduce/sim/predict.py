@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 from ..algorithms import SCHEDULED, Params, build_schedule
 from ..config import ALGORITHMS as RUNTIME_ALGORITHMS
 from ..metadata import VECTOR_BYTES
-from ..policy import FUSED_MAX_BYTES
+from ..policy import fused_with_check
 from ..schedule import Schedule
 from .model import ClusterModel
 from .mpi_models import ompi_schedule
@@ -67,8 +67,8 @@ def predict(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,
     if algorithm in SCHEDULED and params is None:
         algorithm, params = runtime_choice(algorithm, model, int(nbytes), itemsize)
     t = _time(algorithm, model, int(nbytes), itemsize, params)
-    fused = algorithm == "doubling" and nbytes <= FUSED_MAX_BYTES   # its data rides the check's messages
-    if check and asked in SCHEDULED and model.nranks > 1 and not fused:   # the runtime checks MPI's allreduce too
+    # a fused call's data rides the check's messages
+    if check and asked in SCHEDULED and model.nranks > 1 and not fused_with_check(algorithm, nbytes):   # the runtime checks MPI's allreduce too
         t += _time("mpi", model, CHECK_BYTES, 8, None)
     return t
 
