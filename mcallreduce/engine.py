@@ -20,7 +20,8 @@ shared-memory stage. This module only decides *when* it runs:
 Every call's metadata check is the same recursive doubling of the vector on every rank
 (native/check.c), whatever the call: ranks that disagree about a call (one within the
 shared-memory size, one above it, say) then still exchange the same messages and raise.
-A small ``doubling`` call travels with its check ("fused": one latency for both), and on
+A small ``doubling`` or ``halving`` call travels with its check ("fused": its exchanges are the
+check's), and on
 one host the completed check is the shared-memory stage's first synchronisation.
 """
 from __future__ import annotations

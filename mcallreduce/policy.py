@@ -17,14 +17,15 @@ from .config import ALGORITHMS, MPI_ALGORITHMS, ROUTES, Config
 __all__ = ["ALGORITHMS", "ROUTES", "FUSED_MAX_BYTES", "fused_with_check", "resolve", "measured_nonblocking", "default_colors",
            "latency_bound"]
 
-#: a ``doubling`` call up to this size travels with its metadata check (native/check.c): its
-#: data is reduced along the check's own recursive doubling, one latency for both
+#: a ``doubling`` or ``halving`` call up to this size travels with its metadata check
+#: (native/check.c): its data is reduced along the check's own exchanges, one latency for both
 FUSED_MAX_BYTES = 256 << 10
+FUSED_ALGORITHMS = ("doubling", "halving")
 
 
 def fused_with_check(algorithm: str, nbytes: int) -> bool:
     """Whether a call of ``algorithm`` on ``nbytes`` is reduced along its own metadata check."""
-    return algorithm == "doubling" and nbytes <= FUSED_MAX_BYTES
+    return algorithm in FUSED_ALGORITHMS and nbytes <= FUSED_MAX_BYTES
 
 # Defaults by message size, in the spirit of Blue Gene/Q's colors-by-size table:
 # small messages are latency-bound (one tree, one message per hop), large ones are
@@ -51,6 +52,10 @@ DOUBLING_PAIR_BYTES = 256 << 10
 # Across hosts, above the latency regime and up to this size, MPI's own allreduce beat our
 # trees on every cluster measured at both link speeds (docs/algorithms.md, "Defaults by message size").
 MPI_BETWEEN_BYTES = (DOUBLING_BYTES, 64 << 10)
+# Above that and up to the fused limit, with one rank per host and more than two hosts, halving
+# fused with its check beat our trees and MPI's allreduce at 10 Gbit/s and tied them at 200 Mbit/s
+# (docs/algorithms.md, "Halving along the check"); two ranks keep doubling, one exchange fewer.
+HALVING_BETWEEN_BYTES = (MPI_BETWEEN_BYTES[1], FUSED_MAX_BYTES)
 
 
 def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
@@ -163,6 +168,9 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     if (config.algorithm == "multicolor" and knobs_unset and hit is None and mpi_type and len(hosts) > 1
             and MPI_BETWEEN_BYTES[0] < nbytes <= MPI_BETWEEN_BYTES[1]):
         return "mpi", Params(depth=config.depth)
+    if (config.algorithm == "multicolor" and knobs_unset and hit is None and len(hosts) > 2 and max_local == 1
+            and HALVING_BETWEEN_BYTES[0] < nbytes <= HALVING_BETWEEN_BYTES[1]):
+        return "halving", Params(segment=0, depth=config.depth)
     tuned = hit[1] if hit is not None and hit[0] == "multicolor" else None
     if config.hierarchy is not None:
         hierarchical = config.hierarchy

@@ -36,6 +36,7 @@ OPS = tuple(OP_CODE)   # sum, average, min, max, product
 _ALGO_CODE = {name: i + 1 for i, name in enumerate(ALGORITHMS)}
 _ROUTE_CODE = {name: i + 1 for i, name in enumerate(ROUTES)}
 #: the metadata check's stage field, by the plan's kind (0: no one-host stage)
+_FUSED_KINDS = (_executor.KIND_FUSED, _executor.KIND_FUSED_HALVING)
 _STAGE_CODE = {_executor.KIND_SHARED: 1, _executor.KIND_SINGLE_COPY: 2, _executor.KIND_SHARED_ONE_SYNC: 3}
 _MAX_MESSAGE_BYTES = (1 << 31) - 1   # the executor posts byte counts as C ints
 
@@ -175,7 +176,7 @@ class Plan:
             self.kind = _executor.KIND_SHARED
         elif fused_with_check(self.algorithm, nelem * dtype.itemsize):
             # reduced along its own metadata check, which then costs nothing: check or not, the fastest path
-            self.kind = _executor.KIND_FUSED
+            self.kind = _executor.KIND_FUSED if self.algorithm == "doubling" else _executor.KIND_FUSED_HALVING
         elif self.algorithm in MPI_ALGORITHMS:
             if not mpi_type:
                 raise TypeError(f"mcallreduce: algorithm {self.algorithm!r} cannot reduce float16 (MPI has no such "
@@ -191,7 +192,7 @@ class Plan:
             self._lower(ctx, self.algorithm, self.params, nelem, dtype)
         self.meta: Optional[np.ndarray] = None
         self.check = _executor.CHECK_OFF
-        if config.check or self.params.shared or self.kind == _executor.KIND_FUSED:   # these carry it anyway
+        if config.check or self.params.shared or self.kind in _FUSED_KINDS:   # these carry it anyway
             self.check = _executor.CHECK_ON
             scale_key = hash((float(pre), float(post))) & ((1 << 40) - 1)
             p = self.params

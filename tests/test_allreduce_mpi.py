@@ -77,7 +77,7 @@ def test_check_messages_in_pieces_across_virtual_hosts(np_):
     cases = ["sum_matches_mpi_allreduce_all_lengths", "length_mismatch_raises_on_every_rank",
              "a_call_fused_with_its_check_and_a_larger_one_raise_everywhere",
              "fused_calls_of_different_sizes_at_the_limit_raise_everywhere", "dtype_mismatch_raises_on_every_rank",
-             "async_handles_waited_in_rank_dependent_order"]
+             "fused_halving_and_doubling_disagree_and_raise_everywhere", "async_handles_waited_in_rank_dependent_order"]
     env = {"MCALLREDUCE_RANKS_PER_HOST": "1", "OMPI_MCA_btl_tcp_eager_limit": "8192"}
     assert sorted(run_cases(np_, env=env, cases=cases)) == sorted(cases)
 

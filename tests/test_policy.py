@@ -41,6 +41,19 @@ def test_a_measured_table_decides_the_algorithm_per_size(tmp_path):
     assert resolve(config, 64 << 10, 4, flat4) == resolve(Config(tuning_file="none"), 64 << 10, 4, flat4)
 
 
+def test_the_rules_give_medium_calls_across_three_hosts_or_more_to_halving_fused_with_its_check():
+    from mcallreduce.policy import FUSED_MAX_BYTES, fused_with_check
+    rules = Config(tuning_file="none")
+    flat4, pair, four_by_two = [[0], [1], [2], [3]], [[0], [1]], [[0, 1], [2, 3], [4, 5], [6, 7]]
+    for nbytes in ((64 << 10) + 4, 128 << 10, FUSED_MAX_BYTES):
+        algorithm, params = resolve(rules, nbytes, 4, flat4)
+        assert algorithm == "halving" and fused_with_check(algorithm, nbytes), (nbytes, algorithm)
+        assert resolve(rules, nbytes, 4, pair)[0] != "halving"          # one exchange fewer: doubling
+        assert resolve(rules, nbytes, 4, four_by_two)[0] != "halving"   # not measured: the trees
+    assert resolve(rules, 64 << 10, 4, flat4)[0] == "mpi"
+    assert resolve(rules, FUSED_MAX_BYTES + 4, 4, flat4)[0] == "multicolor"
+
+
 def test_a_table_row_naming_open_mpis_ring_runs_it_where_it_exists(tmp_path):
     rows = [{"size_bytes": 64 << 10, "algorithm": "doubling"},
             {"size_bytes": 32 << 20, "algorithm": "mpi-ring"}]

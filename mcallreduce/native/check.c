@@ -15,6 +15,12 @@
  * (mcallreduce/metadata.py). Both partners of an exchange combine the lower rank's data as
  * the left operand, so every rank computes bitwise the same result.
  *
+ * A fused halving call (Rabenseifner's, for messages where doubling's whole-buffer exchanges
+ * cost more than its extra latencies) sends in each exchange only the half of its range that
+ * the peer keeps, so the check's exchanges are its reduce-scatter. After the last one every
+ * rank holds the same MAX: if it agrees, every rank retraces the exchanges with its reduced
+ * part (the allgather, data only), and if not, none does.
+ *
  * On one host the completed check is also the shared-memory stage's first sync: every
  * rank's first message, sent after it published, reaches every other rank along the way.
  */
@@ -36,45 +42,119 @@ static int largest_power_of_two(int p) {
     return q;
 }
 
-/* Step k of this rank: its peer and message tags (-1: no send / no receive); 0 when done.
-   Tags: 0 the fold-in, 1 + i the exchange across bit i, 1 + log2(p2) the fold-out. */
-static int step_of(int rank, int p, int k, int *peer, int *send_tag, int *recv_tag) {
-    int p2 = largest_power_of_two(p), extra = p - p2, bits = 0;
+static int log2_of(int p2) {
+    int bits = 0;
     while ((1 << bits) < p2) bits++;
+    return bits;
+}
+
+enum { FOLD_IN = 1, EXCHANGE, GATHER, FOLD_OUT, HAND_OVER };
+typedef struct { int phase, peer, send_tag, recv_tag, bit; } cstep_t;   /* tags -1: no send / no receive */
+
+/* Step k of this rank (0 when done), `gather` the allgather's exchanges it takes (a fused
+   halving call once every rank agreed). Tags: 0 the fold-in, 1 + i the exchange across bit i,
+   1 + log2(p2) the fold-out, 2 + log2(p2) + i the allgather's across bit i. */
+static int step_of(int rank, int p, int k, int gather, cstep_t *s) {
+    int p2 = largest_power_of_two(p), extra = p - p2, bits = log2_of(p2);
+    s->bit = -1;
     if (rank >= p2) {                     /* hand over, get the result back */
-        if (k > 0) return 0;
-        *peer = rank - p2; *send_tag = 0; *recv_tag = 1 + bits;
-        return 1;
+        *s = (cstep_t){k > 0 ? 0 : HAND_OVER, rank - p2, 0, 1 + bits, -1};
+        return s->phase;
     }
     int first = rank < extra ? 1 : 0;     /* ranks with a partner past p2 fold it in first */
-    if (first && k == 0) { *peer = rank + p2; *send_tag = -1; *recv_tag = 0; return 1; }
     int i = k - first;
-    if (i < bits) { *peer = rank ^ (1 << i); *send_tag = 1 + i; *recv_tag = 1 + i; return 1; }
-    if (first && i == bits) { *peer = rank + p2; *send_tag = 1 + bits; *recv_tag = -1; return 1; }
-    return 0;
+    if (first && k == 0) *s = (cstep_t){FOLD_IN, rank + p2, -1, 0, -1};
+    else if (i < bits) *s = (cstep_t){EXCHANGE, rank ^ (1 << i), 1 + i, 1 + i, i};
+    else if (i < bits + gather) {
+        int bit = bits - 1 - (i - bits);
+        *s = (cstep_t){GATHER, rank ^ (1 << bit), 2 + bits + bit, 2 + bits + bit, bit};
+    } else if (first && i == bits + gather) *s = (cstep_t){FOLD_OUT, rank + p2, 1 + bits, -1, -1};
+    else s->phase = 0;
+    return s->phase;
+}
+
+/* A fused halving call: the range [*off, *off + *cnt) of the data that `rank` holds after its
+   exchanges across bits 0..i-1 (the rank with the bit set keeps the upper part). */
+static void held(int rank, int i, int64_t nelem, int64_t *off, int64_t *cnt) {
+    *off = 0; *cnt = nelem;
+    for (int b = 0; b < i; b++) {
+        int64_t half = *cnt / 2;
+        if (rank >> b & 1) { *off += half; *cnt -= half; } else *cnt = half;
+    }
+}
+
+/* What this rank sends in an exchange: its whole message, or in a fused halving call its
+   vector and the part of its range the peer keeps, copied behind its own message (in the
+   first exchange of a rank that folds nothing in, straight from the user's buffer). */
+static char *exchange_message(EngineObject *e, run_t *r, const cstep_t *s, size_t *total) {
+    *total = r->cmine_bytes;
+    if (s->phase == FOLD_OUT && r->in_buf)   /* the result was gathered into the user's buffer */
+        memcpy(check_data(r), r->buf, (size_t)r->nelem * r->isz);
+    if (r->kind != KIND_FUSED_HALVING || s->phase != EXCHANGE) return r->cmine;
+    size_t body = HEADER_BYTES + sizeof(int64_t) * (size_t)r->nmeta;
+    int64_t off, cnt, half;
+    held(e->rank, s->bit, r->nelem, &off, &cnt);
+    half = cnt / 2;
+    int64_t give_off = e->rank >> s->bit & 1 ? off : off + half, give = e->rank >> s->bit & 1 ? half : cnt - half;
+    const char *data = r->from_buf && s->bit == 0 ? r->buf : check_data(r);
+    char *msg = r->cmine + r->cmine_bytes;
+    *total = body + (size_t)give * r->isz;
+    memcpy(msg, r->cmine, body);
+    ((int64_t *)msg)[0] = (int64_t)*total;
+    memcpy(msg + body, data + give_off * (int64_t)r->isz, (size_t)give * r->isz);
+    return msg;
+}
+
+/* Send `bytes` from `at` in pieces of at most piece_bytes (with `recv` set: receive them). */
+static void post_pieces(EngineObject *e, run_t *r, char *at, size_t bytes, int peer, int tag, int recv) {
+    size_t piece = e->piece_bytes;
+    for (size_t done = 0; done < bytes; done += piece) {
+        int n = (int)(bytes - done < piece ? bytes - done : piece);
+        r->pending++;
+        if (recv) POST(e, r, OWNER_CHECK_PIECE, MPI_Irecv(at + done, n, MPI_BYTE, peer, r->tag0 + e->check_tag - tag, e->ctl, &req_));
+        else POST(e, r, OWNER_CHECK_SEND, MPI_Isend(at + done, n, MPI_BYTE, peer, r->tag0 + e->check_tag - tag, e->ctl, &req_));
+    }
+}
+
+static void post_step(EngineObject *e, run_t *r);
+
+/* The allgather's exchange across s->bit: data only, and only once every rank agreed, so it
+   works in the user's buffer, and both sides know both ranges. */
+static void post_gather(EngineObject *e, run_t *r, const cstep_t *s) {
+    int64_t off, cnt, peer_off, peer_cnt;
+    held(e->rank, s->bit + 1, r->nelem, &off, &cnt);
+    held(s->peer, s->bit + 1, r->nelem, &peer_off, &peer_cnt);
+    if (!r->in_buf) {   /* the first: this rank's reduced part */
+        memcpy(r->buf + off * (int64_t)r->isz, check_data(r) + off * (int64_t)r->isz, (size_t)cnt * r->isz);
+        r->in_buf = 1;
+    }
+    r->pending = 0;
+    r->received = 0;
+    r->expected = (size_t)peer_cnt * r->isz;
+    post_pieces(e, r, r->buf + peer_off * (int64_t)r->isz, r->expected, s->peer, s->recv_tag, 1);
+    if (r->done) return;
+    post_pieces(e, r, r->buf + off * (int64_t)r->isz, (size_t)cnt * r->isz, s->peer, s->send_tag, 0);
+    if (!r->done && r->pending == 0) { r->cstep++; post_step(e, r); }   /* both ranges empty */
 }
 
 /* Post the current step's messages, or, after the last step, the check is done. Never a
    blocking MPI call: a wait in Waitsome also sees a peer's goodbye and the stall limit. */
 static void post_step(EngineObject *e, run_t *r) {
-    int peer, send_tag, recv_tag;
-    if (!step_of(e->rank, e->size, r->cstep, &peer, &send_tag, &recv_tag)) {
+    cstep_t s;
+    if (!step_of(e->rank, e->size, r->cstep, r->gather, &s)) {
         memcpy(r->meta_out, r->cmine + HEADER_BYTES, sizeof(int64_t) * (size_t)r->nmeta);
         checked(e, r);
         return;
     }
-    size_t piece = e->piece_bytes, total = r->cmine_bytes;
-    int pieces = (int)((total + piece - 1) / piece);
-    r->pending = (send_tag >= 0 ? pieces : 0) + (recv_tag >= 0);
+    if (s.phase == GATHER) { post_gather(e, r, &s); return; }
+    size_t total;
+    char *msg = exchange_message(e, r, &s, &total);
+    r->pending = s.recv_tag >= 0;
     r->received = -1;
-    if (recv_tag >= 0)
-        POST(e, r, OWNER_CHECK_RECV, MPI_Irecv(r->crecv, (int)check_capacity(e, r), MPI_BYTE, peer,
-                                               r->tag0 + e->check_tag - recv_tag, e->ctl, &req_));
-    for (int k = 0; send_tag >= 0 && k < pieces; k++) {
-        size_t at = (size_t)k * piece, bytes = total - at < piece ? total - at : piece;
-        POST(e, r, OWNER_CHECK_SEND, MPI_Isend(r->cmine + at, (int)bytes, MPI_BYTE, peer,
-                                               r->tag0 + e->check_tag - send_tag, e->ctl, &req_));
-    }
+    if (s.recv_tag >= 0)
+        POST(e, r, OWNER_CHECK_RECV, MPI_Irecv(r->crecv, (int)check_capacity(e, r), MPI_BYTE, s.peer,
+                                               r->tag0 + e->check_tag - s.recv_tag, e->ctl, &req_));
+    if (s.send_tag >= 0) post_pieces(e, r, msg, total, s.peer, s.send_tag, 0);
 }
 
 /* The first piece arrived: post the receives of the rest, as its header announces (pieces
@@ -95,8 +175,9 @@ static void post_rest(EngineObject *e, run_t *r, int first_bytes, int peer, int 
     }
 }
 
-/* Fold the received message into this rank's: the MAX of the vectors, and a fused call's data. */
-static void merge(EngineObject *e, run_t *r, int peer, int fold_out) {
+/* Fold the received message into this rank's: the MAX of the vectors, and a fused call's data
+   (all of it, or in a fused halving exchange the part of its range this rank keeps). */
+static void merge(EngineObject *e, run_t *r, const cstep_t *s) {
     size_t meta_bytes = sizeof(int64_t) * (size_t)r->nmeta, body = HEADER_BYTES + meta_bytes;
     int64_t *mine = (int64_t *)(r->cmine + HEADER_BYTES), *theirs = (int64_t *)(r->crecv + HEADER_BYTES);
     if (r->received < (int)body) {   /* not a check message of this protocol */
@@ -104,7 +185,7 @@ static void merge(EngineObject *e, run_t *r, int peer, int fold_out) {
         for (int k = 0; k < r->nmeta; k++) mine[k] = INT64_MAX;
         return;
     }
-    if (fold_out) {                        /* the partner's final state is the result */
+    if (s->phase == HAND_OVER) {           /* the partner's final state is the result */
         memcpy(mine, theirs, meta_bytes);
         if ((size_t)r->received == r->cmine_bytes)
             memcpy(r->cmine + body, r->crecv + body, r->cmine_bytes - body);
@@ -112,51 +193,77 @@ static void merge(EngineObject *e, run_t *r, int peer, int fold_out) {
             r->data_bad = 1;
         return;
     }
-    int agree = (size_t)r->received == r->cmine_bytes && memcmp(mine, theirs, meta_bytes) == 0;
+    int64_t off = 0, cnt = r->nelem;
+    if (r->kind == KIND_FUSED_HALVING && s->phase == EXCHANGE) held(e->rank, s->bit + 1, r->nelem, &off, &cnt);
+    size_t expected = r->kind == KIND_FUSED_HALVING && s->phase == EXCHANGE ? body + (size_t)cnt * r->isz : r->cmine_bytes;
+    int agree = (size_t)r->received == expected && memcmp(mine, theirs, meta_bytes) == 0;
     for (int k = 0; k < r->nmeta; k++) if (theirs[k] > mine[k]) mine[k] = theirs[k];
-    if (r->kind != KIND_FUSED || r->data_bad) return;
+    if (!FUSED(r->kind) || r->data_bad) return;
     if (!agree) { r->data_bad = 1; return; }
-    reduce_into(r->dtype, r->op, r->cmine + body, r->crecv + body, r->nelem, peer < e->rank);
+    char *dst = check_data(r) + off * (int64_t)r->isz, *theirs_data = r->crecv + body;
+    if (r->from_buf && s->bit == 0) {   /* this rank's part is still only in the user's buffer */
+        const char *own = r->buf + off * (int64_t)r->isz;
+        int left = s->peer < e->rank;
+        combine_into(r->dtype, r->op, dst, left ? theirs_data : own, left ? own : theirs_data, cnt);
+        return;
+    }
+    reduce_into(r->dtype, r->op, dst, theirs_data, cnt, s->peer < e->rank);
 }
 
 void check_completed(EngineObject *e, run_t *r, int32_t owner, int received_bytes) {
-    int peer, send_tag, recv_tag;
-    step_of(e->rank, e->size, r->cstep, &peer, &send_tag, &recv_tag);
+    cstep_t s;
+    step_of(e->rank, e->size, r->cstep, r->gather, &s);
     if (owner == OWNER_CHECK_RECV) {
         r->received = received_bytes;
-        post_rest(e, r, received_bytes, peer, recv_tag);
+        post_rest(e, r, received_bytes, s.peer, s.recv_tag);
         if (r->done) return;
     } else if (owner == OWNER_CHECK_PIECE) {
         r->received += received_bytes;
     }
     if (--r->pending > 0) return;
-    if (recv_tag >= 0) merge(e, r, peer, e->rank >= largest_power_of_two(e->size));
+    if (s.phase == GATHER) {
+        if ((size_t)r->received != r->expected) r->data_bad = 1;
+    } else if (s.recv_tag >= 0) {
+        merge(e, r, &s);
+    }
+    if (r->kind == KIND_FUSED_HALVING && s.phase == EXCHANGE && s.bit == log2_of(largest_power_of_two(e->size)) - 1) {
+        /* every rank below p2 now holds the same MAX, so all of them gather, or none */
+        memcpy(r->meta_out, r->cmine + HEADER_BYTES, sizeof(int64_t) * (size_t)r->nmeta);
+        r->gather = agreed(r) ? s.bit + 1 : 0;
+    }
     r->cstep++;
     post_step(e, r);
 }
 
 int check_peer(EngineObject *e, run_t *r) {
-    int peer, send_tag, recv_tag;
-    return step_of(e->rank, e->size, r->cstep, &peer, &send_tag, &recv_tag) ? peer : -1;
+    cstep_t s;
+    return step_of(e->rank, e->size, r->cstep, r->gather, &s) ? s.peer : -1;
 }
 
 void start_check(EngineObject *e, run_t *r) {
     if (r->check == CHECK_OFF) { checked(e, r); return; }
     size_t meta_bytes = sizeof(int64_t) * (size_t)r->nmeta;
-    size_t data_bytes = r->kind == KIND_FUSED ? (size_t)r->nelem * r->isz : 0;
+    size_t data_bytes = FUSED(r->kind) ? (size_t)r->nelem * r->isz : 0;
     if (data_bytes > e->fused_max) { fail_run(e, r, "internal error: a fused call above the limit", MPI_SUCCESS); return; }
     r->cmine_bytes = HEADER_BYTES + meta_bytes + data_bytes;
-    r->cmine = malloc(r->cmine_bytes);
+    /* a fused halving call's exchanges send from a message built behind this one */
+    size_t send_bytes = r->kind == KIND_FUSED_HALVING ? HEADER_BYTES + meta_bytes + (data_bytes / r->isz + 1) / 2 * r->isz : 0;
+    r->cmine = malloc(r->cmine_bytes + send_bytes);
     r->crecv = pool_take(e, check_capacity(e, r));
     if (!r->cmine || !r->crecv) { fail_run(e, r, "out of memory", MPI_SUCCESS); return; }
     int64_t *header = (int64_t *)r->cmine;
     header[0] = (int64_t)r->cmine_bytes;
     header[1] = (int64_t)e->piece_bytes;
     memcpy(r->cmine + HEADER_BYTES, r->meta, meta_bytes);
-    if (data_bytes) {   /* a copy: the user's buffer changes only once every rank agreed */
+    int p2 = largest_power_of_two(e->size);
+    /* a fused halving rank that folds nothing in reads its first exchange from the user's buffer */
+    r->from_buf = r->kind == KIND_FUSED_HALVING && r->pre == 1.0 && e->rank >= e->size - p2 && e->rank < p2 && p2 > 1;
+    r->in_buf = 0;
+    if (data_bytes && !r->from_buf) {   /* a copy: the user's buffer changes only once every rank agreed */
         memcpy(check_data(r), r->buf, data_bytes);
         scale_buffer(r->dtype, check_data(r), r->nelem, r->pre);
     }
     r->cstep = 0;
+    r->gather = 0;
     post_step(e, r);
 }

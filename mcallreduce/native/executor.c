@@ -134,7 +134,7 @@ static void start_schedule(EngineObject *e, run_t *r) {
 }
 
 /* Whether every rank sent this rank's vector: both halves equal but for their agreed slot. */
-static int agreed(const run_t *r) {
+int agreed(const run_t *r) {
     size_t half = (size_t)r->nmeta / 2, compared = sizeof(int64_t) * (half - 1);
     return memcmp(r->meta, r->meta_out, compared) == 0 && memcmp(r->meta + half, r->meta_out + half, compared) == 0;
 }
@@ -154,9 +154,9 @@ void checked(EngineObject *e, run_t *r) {
     /* counted only once agreed, so every rank counts the same calls (shared_stage.c) */
     if (ONE_HOST_STAGE(r->kind)) e->stage_calls++;
     switch (r->kind) {
-    case KIND_FUSED:   /* the data was reduced along the check: every rank agreed, so it is the result */
+    case KIND_FUSED: case KIND_FUSED_HALVING:   /* the data was reduced along the check: every rank agreed, so it is the result */
         if (r->data_bad) { fail_run(e, r, "internal error: a fused call's data was not reduced", MPI_SUCCESS); return; }
-        memcpy(r->buf, check_data(r), (size_t)(r->nelem * r->isz));
+        if (!r->in_buf) memcpy(r->buf, check_data(r), (size_t)(r->nelem * r->isz));
         finish(e, r, STATUS_OK);
         return;
     case KIND_SHARED: case KIND_SINGLE_COPY: case KIND_SHARED_ONE_SYNC:

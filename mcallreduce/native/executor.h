@@ -11,7 +11,10 @@
 
 enum { STEP_SEND = 0, STEP_RECV = 1, STEP_RECV_SCRATCH = 2, STEP_REDUCE = 3 };
 enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KIND_FUSED = 4, KIND_SINGLE_COPY = 5,
-       KIND_MPI_RING = 6, KIND_SHARED_ONE_SYNC = 7 };
+       KIND_MPI_RING = 6, KIND_SHARED_ONE_SYNC = 7,
+       KIND_FUSED_HALVING = 8 };
+/* reduced along the check's own messages (check.c): recursive doubling, or halving then an allgather */
+#define FUSED(kind) ((kind) == KIND_FUSED || (kind) == KIND_FUSED_HALVING)
 /* the one-host stages: through the window's slots (two syncs, or one for small calls), or
    reading and writing the peers' buffers */
 #define ONE_HOST_STAGE(kind) ((kind) == KIND_SHARED || (kind) == KIND_SINGLE_COPY || (kind) == KIND_SHARED_ONE_SYNC)
@@ -81,6 +84,9 @@ typedef struct run {
     /* the check (check.c): its step, what this rank sends (the MAX so far, then a fused call's
        data), what it receives, and whether the data still holds a valid partial result */
     int cstep, data_bad, received, meta_checked;
+    int gather;                 /* a fused halving call: the allgather's exchanges, once agreed */
+    int from_buf, in_buf;       /* its first exchange reads the user's buffer; its result is there */
+    size_t expected;            /* the bytes an allgather exchange receives */
     char *cmine, *crecv;
     /* data before the check (early.c): posted, a message that did not fit, and after a mismatch
        the drain, and per peer whether its fence arrived */
@@ -150,6 +156,7 @@ int add_request(EngineObject *e, MPI_Request req, run_t *r, int32_t step);
 void fail_run(EngineObject *e, run_t *r, const char *what, int rc);
 void finish(EngineObject *e, run_t *r, int status);
 void checked(EngineObject *e, run_t *r);   /* the check is done: meta_out holds every rank's MAX */
+int agreed(const run_t *r);                /* whether meta_out says every rank sent this rank's vector */
 
 void start_run(EngineObject *e, run_t *r);            /* a submitted run, from its check on */
 void progress(EngineObject *e, int block, run_t *until);   /* without the GIL */

@@ -227,21 +227,41 @@ def a_call_fused_with_its_check_and_a_larger_one_raise_everywhere():
 
 @case
 @between_peers
-def small_doubling_calls_keep_their_check_with_the_check_off():
-    # the check travels in a small doubling call's own messages and costs it nothing, so
-    # check=False keeps that path: exact sums, and a length mismatch still raises everywhere
+def small_fused_calls_keep_their_check_with_the_check_off():
+    # the check travels in a small doubling or halving call's own messages and costs it nothing,
+    # so check=False keeps that path: exact sums, and a length mismatch still raises everywhere
     from mcallreduce import _executor
     from mcallreduce.runtime import Context
-    plan = Context.get().plan(config.current().with_overrides(algorithm="doubling", check=False), 1000,
-                              np.dtype(np.float32), "sum", 1.0, 1.0)
-    assert plan.kind == _executor.KIND_FUSED and plan.check == _executor.CHECK_ON, plan.kind
+    for algorithm, kind in (("doubling", _executor.KIND_FUSED), ("halving", _executor.KIND_FUSED_HALVING)):
+        plan = Context.get().plan(config.current().with_overrides(algorithm=algorithm, check=False), 1000,
+                                  np.dtype(np.float32), "sum", 1.0, 1.0)
+        assert plan.kind == kind and plan.check == _executor.CHECK_ON, (algorithm, plan.kind)
+        x = data(1000, np.float32)
+        mcallreduce.allreduce(x, algorithm=algorithm, check=False)
+        assert np.array_equal(x, expected(1000, np.float32)), algorithm
+        buf = np.ones(1000 + (rank == size - 1), np.float32)
+        assert "element count" in raises(MismatchError,
+                                         lambda: mcallreduce.allreduce(buf, algorithm=algorithm, check=False))
+        assert np.all(buf == 1.0)
+
+
+@case
+@between_peers
+def fused_halving_and_doubling_disagree_and_raise_everywhere():
+    # halving sends part of its range in each exchange and doubling all of it: the messages
+    # differ in size, yet every rank takes them, raises, and leaves its buffer untouched
+    last = rank == size - 1
+    for n in (1000, FUSED_MAX_BYTES // 4):
+        buf = np.ones(n, np.float32)
+        msg = raises(MismatchError, lambda: mcallreduce.allreduce(buf, algorithm="halving" if last else "doubling"))
+        assert "algorithm" in msg, msg
+        assert np.all(buf == 1.0)
+        buf = np.ones(n + last, np.float32)   # at the limit, one rank's call is over it: early data
+        assert "element count" in raises(MismatchError, lambda: mcallreduce.allreduce(buf, algorithm="halving"))
+        assert np.all(buf == 1.0)
     x = data(1000, np.float32)
-    mcallreduce.allreduce(x, algorithm="doubling", check=False)
-    assert np.array_equal(x, expected(1000, np.float32))
-    buf = np.ones(1000 + (rank == size - 1), np.float32)
-    assert "element count" in raises(MismatchError,
-                                     lambda: mcallreduce.allreduce(buf, algorithm="doubling", check=False))
-    assert np.all(buf == 1.0)
+    mcallreduce.allreduce(x, algorithm="halving", prescale=0.5, postscale=4.0)   # still usable, fused
+    assert np.array_equal(x, expected(1000, np.float32) * 2.0)
 
 
 @case
@@ -250,17 +270,18 @@ def fused_calls_of_different_sizes_at_the_limit_raise_everywhere():
     # the fused limit against half of it: every rank still takes the messages the others
     # send, raises, and leaves its buffer untouched
     limit = FUSED_MAX_BYTES // 4
-    n = limit if rank == size - 1 else limit // 2
-    buf = np.ones(n, np.float32)
-    assert "element count" in raises(MismatchError, lambda: mcallreduce.allreduce(buf, algorithm="doubling"))
-    assert np.all(buf == 1.0)
-    # several in flight at once, waited in a rank-dependent order, bitwise the exact sum
-    xs = [data(limit, np.float32) + k for k in range(4)]
-    handles = [mcallreduce.allreduce_async(x, algorithm="doubling") for x in xs]
-    for h in (reversed(handles) if rank % 2 else handles):
-        h.wait()
-    for k, x in enumerate(xs):
-        assert np.array_equal(x, expected(limit, np.float32) + k * size), k
+    for algorithm in ("doubling", "halving"):
+        n = limit if rank == size - 1 else limit // 2
+        buf = np.ones(n, np.float32)
+        assert "element count" in raises(MismatchError, lambda: mcallreduce.allreduce(buf, algorithm=algorithm))
+        assert np.all(buf == 1.0)
+        # several in flight at once, waited in a rank-dependent order, bitwise the exact sum
+        xs = [data(limit, np.float32) + k for k in range(4)]
+        handles = [mcallreduce.allreduce_async(x, algorithm=algorithm) for x in xs]
+        for h in (reversed(handles) if rank % 2 else handles):
+            h.wait()
+        for k, x in enumerate(xs):
+            assert np.array_equal(x, expected(limit, np.float32) + k * size), (algorithm, k)
 
 
 @case
@@ -479,7 +500,7 @@ def a_mismatch_after_data_sent_before_the_check_leaves_no_message_behind():
     # ranks disagree, every rank drains what the others sent it, so the call that later reuses
     # the mismatched call's tag window receives only its own messages, and exactly
     last = rank == size - 1
-    n = 60000
+    n = FUSED_MAX_BYTES // 4 + 4000   # above the fused limit: halving runs its schedule, not its check
     mismatched = [   # (what differs, this rank's call): bigger messages, other bytes, no early data
         ("element count", dict(count=n + 3001 if last else n, dtype=np.float32, algorithm="ring")),
         ("dtype", dict(count=n, dtype=np.int32 if last else np.float32, algorithm="halving")),
