@@ -85,8 +85,9 @@ def test_size_table():
     assert (p.route, p.colors) == ("tree", 4)         # one color per host: direct reduce-scatter
     _, p = resolve(Config(), 64 << 20, 4, [[r] for r in range(9)])
     assert p.route == "tree"                          # the ring route is measured up to 8 hosts
-    assert resolve(Config(), 128 << 10, 4, flat4)[1].route == "tree"   # medium: trees (2 log N hops)
-    assert resolve(Config(), 256 << 10, 4, flat4)[1].route == "ring"
+    four_by_two = [[0, 1], [2, 3], [4, 5], [6, 7]]   # one rank per host takes halving there
+    assert resolve(Config(), 128 << 10, 4, four_by_two)[1].route == "tree"   # medium: trees (2 log N hops)
+    assert resolve(Config(), 256 << 10, 4, four_by_two)[1].route == "ring"
     _, p = resolve(Config(route="ring", colors=3), 1 << 20, 4, flat4)
     assert (p.colors, p.segment) == (3, (60 << 10) // 4)
     _, p = resolve(Config(colors=3, segment_bytes=0, hierarchy=False), 64 << 20, 8, one_host_two)
