@@ -66,12 +66,12 @@ def test_size_table():
     assert (algo, p.colors, p.segment, p.hierarchical) == ("multicolor", 1, 0, True)
     # across hosts, above the latency regime up to 64 KiB: MPI's own allreduce, where MPI has the type
     for nbytes in ((16 << 10) + 4, 32 << 10, 64 << 10):
-        assert resolve(Config(), nbytes, 4, flat4)[0] == "mpi"
+        assert resolve(Config(), nbytes, 4, flat4)[0] == "halving"   # one rank per host, 3+ hosts: fused halving
         assert resolve(Config(), nbytes, 4, [[0, 1], [2, 3]])[0] == "mpi"
     assert resolve(Config(), 64 << 10, 4, one_host_two)[0] == "doubling"          # a pair: doubling to 256 KiB
     assert resolve(Config(), 64 << 10, 4, [[0, 1, 2, 3]])[0] == "multicolor"      # one host: ours
     assert resolve(Config(), (64 << 10) + 4, 4, flat4)[0] == "halving"       # fused with its check to 256 KiB
-    algo, p = resolve(Config(), 64 << 10, 4, flat4, mpi_type=False)   # float16: our trees
+    algo, p = resolve(Config(), 64 << 10, 4, [[0, 1], [2, 3]], mpi_type=False)   # float16: our trees
     assert (algo, p.colors, p.segment) == ("multicolor", 2, 0)
     assert resolve(Config(), 4 << 10, 4, [[0]])[0] == "multicolor"   # one rank: nothing to exchange
     algo, p = resolve(Config(), 64 << 20, 4, one_host_two)

@@ -45,12 +45,12 @@ def test_the_rules_give_medium_calls_across_three_hosts_or_more_to_halving_fused
     from mcallreduce.policy import FUSED_MAX_BYTES, fused_with_check
     rules = Config(tuning_file="none")
     flat4, pair, four_by_two = [[0], [1], [2], [3]], [[0], [1]], [[0, 1], [2, 3], [4, 5], [6, 7]]
-    for nbytes in ((64 << 10) + 4, 128 << 10, FUSED_MAX_BYTES):
+    for nbytes in ((16 << 10) + 4, 64 << 10, 128 << 10, FUSED_MAX_BYTES):
         algorithm, params = resolve(rules, nbytes, 4, flat4)
         assert algorithm == "halving" and fused_with_check(algorithm, nbytes), (nbytes, algorithm)
         assert resolve(rules, nbytes, 4, pair)[0] != "halving"          # one exchange fewer: doubling
         assert resolve(rules, nbytes, 4, four_by_two)[0] != "halving"   # not measured: the trees
-    assert resolve(rules, 64 << 10, 4, flat4)[0] == "mpi"
+    assert resolve(rules, 16 << 10, 4, flat4)[0] == "doubling"
     assert resolve(rules, FUSED_MAX_BYTES + 4, 4, flat4)[0] == "multicolor"
 
 

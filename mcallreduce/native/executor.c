@@ -313,9 +313,14 @@ static void completed(EngineObject *e, int n, int in_status) {
 #define COLL_SHORT_NAP_FACTOR 100
 #define COLL_SLEEP_MAX_NS 50000L
 
-static int collective_posted(const EngineObject *e) {
-    for (int i = 0; i < e->nreqs; i++)
-        if (e->owner_step[i] == OWNER_COLLECTIVE) return 1;
+/* MPI's nonblocking allreduce, or a fused halving call's exchange: a chain of rounds, each
+   waiting on one message, that a nap would delay round by round (docs/algorithms.md) */
+static int chain_posted(const EngineObject *e) {
+    for (int i = 0; i < e->nreqs; i++) {
+        int32_t owner = e->owner_step[i];
+        if (owner == OWNER_COLLECTIVE) return 1;
+        if ((owner == OWNER_CHECK_RECV || owner == OWNER_CHECK_PIECE) && e->owner_run[i]->kind == KIND_FUSED_HALVING) return 1;
+    }
     return 0;
 }
 
@@ -348,7 +353,7 @@ void progress(EngineObject *e, int block, run_t *until) {
         } else {
             double idle = now_s() - last;
             long nap = (long)(idle * 1e9 / 8);
-            int coll = idle >= e->poll_s && collective_posted(e);
+            int coll = idle >= e->poll_s && chain_posted(e);
             long nap_max = coll && idle < COLL_SHORT_NAP_FACTOR * e->poll_s ? COLL_SLEEP_MAX_NS : SLEEP_MAX_NS;
             if (idle >= (coll ? COLL_POLL_FACTOR * e->poll_s : e->poll_s)) {
                 struct timespec ts = {0, nap < nap_max ? nap : nap_max};
