@@ -9,7 +9,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from ...policy import MPI_BETWEEN_BYTES
+from ...policy import HALVING_BETWEEN_BYTES
 from ...sim.model import link_bytes_per_s, paper
 from ...units import format_size
 from ..output import save_png, write_text
@@ -281,9 +281,10 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"* *Small messages, 8 hosts.* At 64 KiB, multicolor's time / our ring's = "
         f"{t('8h1r', 'multicolor', 64 << 10) / ring64:.2f} and / MPI's default = "
         f"{t('8h1r', 'multicolor', 64 << 10) / t('8h1r', 'mpi', 64 << 10):.2f}. No table was measured for this "
-        f"cluster, so multicolor follows the built-in size rules, which run MPI's own allreduce across hosts "
-        f"above {format_size(MPI_BETWEEN_BYTES[0])} and up to {format_size(MPI_BETWEEN_BYTES[1])}: there it "
-        f"beat our trees on every cluster measured (docs/algorithms.md, \"Defaults by message size\"), and multicolor is that call plus the metadata check. At 200 Mbit/s "
+        f"cluster, so multicolor follows the built-in size rules, which on three hosts or more with one rank "
+        f"per host run a call above {format_size(HALVING_BETWEEN_BYTES[0])} and up to "
+        f"{format_size(HALVING_BETWEEN_BYTES[1])} as halving fused with its metadata check (docs/algorithms.md, "
+        f"\"Halving along the check\"). At 200 Mbit/s "
         f"this size is bandwidth-bound: 2(p-1)/p of the message through each host's link takes "
         f"{bound8 * 1e3:.1f} ms at the calibrated link rate, {bound8 / ring64:.2f} of this run's ring time "
         f"(the shaper's 128 KiB token bucket lets calls with gaps between them go somewhat faster). The "
