@@ -130,8 +130,7 @@ static void post_gather(EngineObject *e, run_t *r, const cstep_t *s) {
     }
     r->pending = 0;
     r->received = 0;
-    r->expected = (size_t)peer_cnt * r->isz;
-    post_pieces(e, r, r->buf + peer_off * (int64_t)r->isz, r->expected, s->peer, s->recv_tag, 1);
+    post_pieces(e, r, r->buf + peer_off * (int64_t)r->isz, (size_t)peer_cnt * r->isz, s->peer, s->recv_tag, 1);
     if (r->done) return;
     post_pieces(e, r, r->buf + off * (int64_t)r->isz, (size_t)cnt * r->isz, s->peer, s->send_tag, 0);
     if (!r->done && r->pending == 0) { r->cstep++; post_step(e, r); }   /* both ranges empty */
@@ -222,7 +221,9 @@ void check_completed(EngineObject *e, run_t *r, int32_t owner, int received_byte
     }
     if (--r->pending > 0) return;
     if (s.phase == GATHER) {
-        if ((size_t)r->received != r->expected) r->data_bad = 1;
+        int64_t peer_off, peer_cnt;
+        held(s.peer, s.bit + 1, r->nelem, &peer_off, &peer_cnt);
+        if ((int64_t)r->received != peer_cnt * (int64_t)r->isz) r->data_bad = 1;
     } else if (s.recv_tag >= 0) {
         merge(e, r, &s);
     }
