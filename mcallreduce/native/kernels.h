@@ -122,17 +122,20 @@ DEFINE_LOOPS(s64, int64_t)
 #undef ADD
 #undef MUL
 
-static inline void f16_reduce(int op, uint16_t *restrict d, const uint16_t *restrict s, int64_t n, int left) {
-    for (int64_t i = 0; i < n; i++) {
-        float a = half_to_float(left ? s[i] : d[i]), b = half_to_float(left ? d[i] : s[i]), r;
-        switch (op) {
-        case OP_PRODUCT: r = a * b; break;
-        case OP_MIN: r = KMIN(a, b); break;
-        case OP_MAX: r = KMAX(a, b); break;
-        default: r = a + b;
-        }
-        d[i] = float_to_half(r);
+/* float16 goes through float32 arithmetic with one rounding per step, as the numpy path does. */
+static inline uint16_t f16_apply(int op, uint16_t ha, uint16_t hb) {
+    float a = half_to_float(ha), b = half_to_float(hb), r;
+    switch (op) {
+    case OP_PRODUCT: r = a * b; break;
+    case OP_MIN: r = KMIN(a, b); break;
+    case OP_MAX: r = KMAX(a, b); break;
+    default: r = a + b;
     }
+    return float_to_half(r);
+}
+
+static inline void f16_reduce(int op, uint16_t *restrict d, const uint16_t *restrict s, int64_t n, int left) {
+    for (int64_t i = 0; i < n; i++) d[i] = left ? f16_apply(op, s[i], d[i]) : f16_apply(op, d[i], s[i]);
 }
 
 /* dst = op(dst, src) over n elements (operands swapped when left). */
@@ -153,16 +156,7 @@ static inline void reduce_into(int dtype, int op, void *dst, const void *src, in
 }
 
 static inline void f16_combine(int op, uint16_t *restrict o, const uint16_t *a, const uint16_t *b, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float x = half_to_float(a[i]), y = half_to_float(b[i]), r;
-        switch (op) {
-        case OP_PRODUCT: r = x * y; break;
-        case OP_MIN: r = KMIN(x, y); break;
-        case OP_MAX: r = KMAX(x, y); break;
-        default: r = x + y;
-        }
-        o[i] = float_to_half(r);
-    }
+    for (int64_t i = 0; i < n; i++) o[i] = f16_apply(op, a[i], b[i]);
 }
 
 /* out = op(a, b) over n elements; out overlaps neither operand. */
