@@ -49,12 +49,9 @@ RING_ROUTE_MAX_HOSTS = 8   # measured up to 8 hosts; beyond, the ring's 2(N-1) h
 # faster up to 256 KiB, slower from 1 MiB (docs/algorithms.md).
 DOUBLING_BYTES = SMALL_BYTES
 DOUBLING_PAIR_BYTES = 256 << 10
-# Across hosts, above the latency regime and up to this size, MPI's own allreduce beat our
-# trees on every cluster measured at both link speeds (docs/algorithms.md, "Defaults by message size").
-MPI_BETWEEN_BYTES = (DOUBLING_BYTES, 64 << 10)
-# Above the latency regime and up to the fused limit, with one rank per host on more than two
-# hosts, halving fused with its check beat MPI's allreduce after the check and our trees at
-# 10 Gbit/s and tied them at 200 Mbit/s (docs/algorithms.md, "Halving along the check").
+# Across hosts, above the latency regime and up to the fused limit, halving fused with its check
+# beat MPI's allreduce after the check and our trees on every layout of more than two ranks
+# measured, at both link speeds (docs/algorithms.md, "Halving along the check").
 HALVING_BETWEEN_BYTES = (DOUBLING_BYTES, FUSED_MAX_BYTES)
 
 
@@ -165,12 +162,9 @@ def resolve(config: Config, nbytes: int, itemsize: int,
                                     single_copy=single_copy and not one_sync, one_sync=one_sync)
     if config.algorithm == "multicolor" and knobs_unset and hit is None and latency_bound(nbytes, nranks):
         return "doubling", Params(segment=0, depth=config.depth)
-    if (config.algorithm == "multicolor" and knobs_unset and hit is None and len(hosts) > 2 and max_local == 1
+    if (config.algorithm == "multicolor" and knobs_unset and hit is None and len(hosts) > 1 and nranks > 2
             and HALVING_BETWEEN_BYTES[0] < nbytes <= HALVING_BETWEEN_BYTES[1]):
         return "halving", Params(segment=0, depth=config.depth)
-    if (config.algorithm == "multicolor" and knobs_unset and hit is None and mpi_type and len(hosts) > 1
-            and MPI_BETWEEN_BYTES[0] < nbytes <= MPI_BETWEEN_BYTES[1]):
-        return "mpi", Params(depth=config.depth)
     tuned = hit[1] if hit is not None and hit[0] == "multicolor" else None
     if config.hierarchy is not None:
         hierarchical = config.hierarchy

@@ -64,15 +64,14 @@ def test_size_table():
     assert resolve(Config(), 1 << 20, 4, flat4)[0] == "multicolor"
     algo, p = resolve(Config(colors=1), 4 << 10, 4, one_host_two)      # a multicolor knob set: multicolor
     assert (algo, p.colors, p.segment, p.hierarchical) == ("multicolor", 1, 0, True)
-    # across hosts, above the latency regime up to 64 KiB: MPI's own allreduce, where MPI has the type
-    for nbytes in ((16 << 10) + 4, 32 << 10, 64 << 10):
-        assert resolve(Config(), nbytes, 4, flat4)[0] == "halving"   # one rank per host, 3+ hosts: fused halving
-        assert resolve(Config(), nbytes, 4, [[0, 1], [2, 3]])[0] == "mpi"
+    # across hosts, above the latency regime up to 256 KiB: halving fused with its check
+    for nbytes in ((16 << 10) + 4, 64 << 10, (64 << 10) + 4, 256 << 10):
+        assert resolve(Config(), nbytes, 4, flat4)[0] == "halving"
+        assert resolve(Config(), nbytes, 4, [[0, 1], [2, 3]])[0] == "halving"
     assert resolve(Config(), 64 << 10, 4, one_host_two)[0] == "doubling"          # a pair: doubling to 256 KiB
     assert resolve(Config(), 64 << 10, 4, [[0, 1, 2, 3]])[0] == "multicolor"      # one host: ours
-    assert resolve(Config(), (64 << 10) + 4, 4, flat4)[0] == "halving"       # fused with its check to 256 KiB
-    algo, p = resolve(Config(), 64 << 10, 4, [[0, 1], [2, 3]], mpi_type=False)   # float16: our trees
-    assert (algo, p.colors, p.segment) == ("multicolor", 2, 0)
+    algo, p = resolve(Config(), 1 << 20, 4, [[0, 1], [2, 3]])
+    assert (algo, p.colors) == ("multicolor", 2)
     assert resolve(Config(), 4 << 10, 4, [[0]])[0] == "multicolor"   # one rank: nothing to exchange
     algo, p = resolve(Config(), 64 << 20, 4, one_host_two)
     assert p.colors == 2 and p.segment == (256 << 10) // 4
@@ -85,9 +84,9 @@ def test_size_table():
     assert (p.route, p.colors) == ("tree", 4)         # one color per host: direct reduce-scatter
     _, p = resolve(Config(), 64 << 20, 4, [[r] for r in range(9)])
     assert p.route == "tree"                          # the ring route is measured up to 8 hosts
-    four_by_two = [[0, 1], [2, 3], [4, 5], [6, 7]]   # one rank per host takes halving there
-    assert resolve(Config(), 128 << 10, 4, four_by_two)[1].route == "tree"   # medium: trees (2 log N hops)
-    assert resolve(Config(), 256 << 10, 4, four_by_two)[1].route == "ring"
+    four_by_two = [[0, 1], [2, 3], [4, 5], [6, 7]]   # the rules' halving takes medium sizes there
+    assert resolve(Config(colors=2), 128 << 10, 4, four_by_two)[1].route == "tree"   # medium: trees (2 log N hops)
+    assert resolve(Config(), 512 << 10, 4, four_by_two)[1].route == "ring"
     _, p = resolve(Config(route="ring", colors=3), 1 << 20, 4, flat4)
     assert (p.colors, p.segment) == (3, (60 << 10) // 4)
     _, p = resolve(Config(colors=3, segment_bytes=0, hierarchy=False), 64 << 20, 8, one_host_two)

@@ -41,15 +41,18 @@ def test_a_measured_table_decides_the_algorithm_per_size(tmp_path):
     assert resolve(config, 64 << 10, 4, flat4) == resolve(Config(tuning_file="none"), 64 << 10, 4, flat4)
 
 
-def test_the_rules_give_medium_calls_across_three_hosts_or_more_to_halving_fused_with_its_check():
+def test_the_rules_give_medium_calls_across_hosts_to_halving_fused_with_its_check():
     from mcallreduce.policy import FUSED_MAX_BYTES, fused_with_check
     rules = Config(tuning_file="none")
-    flat4, pair, four_by_two = [[0], [1], [2], [3]], [[0], [1]], [[0, 1], [2, 3], [4, 5], [6, 7]]
+    flat4, pair, one_host = [[0], [1], [2], [3]], [[0], [1]], [[0, 1, 2, 3]]
+    layouts = (flat4, [[0, 1], [2, 3]], [[0, 1], [2, 3], [4, 5], [6, 7]], [[0, 1], [2]])
     for nbytes in ((16 << 10) + 4, 64 << 10, 128 << 10, FUSED_MAX_BYTES):
-        algorithm, params = resolve(rules, nbytes, 4, flat4)
-        assert algorithm == "halving" and fused_with_check(algorithm, nbytes), (nbytes, algorithm)
-        assert resolve(rules, nbytes, 4, pair)[0] != "halving"          # one exchange fewer: doubling
-        assert resolve(rules, nbytes, 4, four_by_two)[0] != "halving"   # not measured: the trees
+        for hosts in layouts:   # more than two ranks on more than one host, float16 too
+            for mpi_type in (True, False):
+                algorithm, params = resolve(rules, nbytes, 4, hosts, mpi_type=mpi_type)
+                assert algorithm == "halving" and fused_with_check(algorithm, nbytes), (nbytes, hosts, algorithm)
+        assert resolve(rules, nbytes, 4, pair)[0] == "doubling"          # two ranks: one exchange
+        assert resolve(rules, nbytes, 4, one_host)[0] == "multicolor"    # one host: the stages
     assert resolve(rules, 16 << 10, 4, flat4)[0] == "doubling"
     assert resolve(rules, FUSED_MAX_BYTES + 4, 4, flat4)[0] == "multicolor"
 
