@@ -111,6 +111,36 @@ def every_dtype_bitwise_identical_across_ranks_and_runs():
 
 
 @case
+def float16_rounds_as_numpys_float16_arithmetic():
+    # ranks 0 and 1 send every kind of float16 (subnormals, overflow, infinities, NaN); the rest
+    # send each op's identity, so any order of the fold gives numpy's one result, bit for bit
+    n = 100003   # not a multiple of any vector width
+    bits = np.random.default_rng(7).integers(0, 1 << 16, (2, n), dtype=np.uint16)
+    bits[bits == 0x8000] = 0   # -0 + +0 is +0: one sign for any order
+    pair = bits.view(np.float16)
+    identity = {"sum": 0.0, "product": 1.0, "min": np.inf, "max": -np.inf, "scaled": 0.0}
+    numpy_op = {"sum": np.add, "product": np.multiply, "min": np.minimum, "max": np.maximum}
+    pre, post = 0.37, 1.9   # "scaled": Horovod's prescale and postscale, each rounded to float16 once
+
+    def scaled(x, factor):
+        return (x.astype(np.float32) * np.float32(factor)).astype(np.float16)
+
+    for op in identity:
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = (scaled(scaled(pair[0], pre) + scaled(pair[1], pre), post) if op == "scaled"
+                    else numpy_op[op](pair[0], pair[1])).view(np.uint16)
+        for algorithm in ("multicolor", "ring", "doubling", "halving"):
+            x = pair[rank].copy() if rank < 2 else np.full(n, identity[op], np.float16)
+            args = dict(op="sum", prescale=pre, postscale=post) if op == "scaled" else dict(op=op)
+            got = mcallreduce.allreduce(x, algorithm=algorithm, **args).view(np.uint16)
+            if size == 1:
+                continue   # nothing to combine
+            nan = np.isnan(want.view(np.float16))
+            assert np.array_equal(np.isnan(got.view(np.float16)), nan), (op, algorithm)
+            assert np.array_equal(got[~nan], want[~nan]), (op, algorithm, np.flatnonzero(got[~nan] != want[~nan])[:5])
+
+
+@case
 def large_pipelined_many_segments():
     x = data(3 * (1 << 20) + 5, np.float32)
     mcallreduce.allreduce(x, segment_bytes=64 << 10, colors=3)
