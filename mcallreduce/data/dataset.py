@@ -24,10 +24,15 @@ class EncodedImageDataset(Dataset):
         ``persistent_workers=False`` (the default) with seeded transforms, or the ThreadedLoader."""
         self.epoch = int(epoch)
 
-    def _item(self, index: int, data, target: int, where: str):
+    def _where(self, index: int) -> str:
+        """Where sample ``index`` came from, for an error message (looked up only then)."""
+        return f"sample {index}"
+
+    def _item(self, index: int, data, target: int, where: Optional[str] = None):
         try:
             image = apply(self.transform, data, None if self.epoch is None else (self.epoch, index))
         except Exception as exc:
+            where = self._where(index) if where is None else where
             raise type(exc)(f"sample {index} ({where}): {exc}") from exc
         if self.target_transform is not None:
             target = self.target_transform(target)
@@ -61,5 +66,7 @@ class InMemoryImageFolder(EncodedImageDataset):
         return len(self.store)
 
     def __getitem__(self, index: int):
-        return self._item(index, self.store.sample_bytes(index), int(self.store.labels[index]),
-                          self.store.sample_path(index))
+        return self._item(index, self.store.sample_bytes(index), int(self.store.labels[index]))
+
+    def _where(self, index: int) -> str:
+        return self.store.sample_path(index)   # may read the packed file's path table: only on errors

@@ -44,6 +44,19 @@ def test_items_are_imagefolder_pairs(store, packed, photo_tree):
         dataset[len(dataset) + 5]
 
 
+def test_a_sample_that_fails_names_its_path_only_then(store, packed, monkeypatch):
+    paths = StoreFile(packed[0]).paths
+
+    def broken(image):
+        raise ValueError("cannot use this image")
+
+    with pytest.raises(ValueError, match=rf"sample 7 \({paths[7]}\): cannot use this image"):
+        InMemoryImageFolder(store, transform=broken)[7]
+    # a sample that loads looks up no path: the packed file's path table is read only for a message
+    monkeypatch.setattr(type(store), "sample_path", lambda self, i: pytest.fail("path looked up"))
+    assert InMemoryImageFolder(store)[7][1] == int(store.labels[7])
+
+
 def test_loading_straight_from_a_folder(clean_tree):
     dataset = InMemoryImageFolder(clean_tree, num_replicas=1, rank=0)
     classes, samples = imagefolder_order(clean_tree)
