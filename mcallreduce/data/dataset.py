@@ -26,14 +26,13 @@ class EncodedImageDataset(Dataset):
 
     def _where(self, index: int) -> str:
         """Where sample ``index`` came from, for an error message (looked up only then)."""
-        return f"sample {index}"
+        raise NotImplementedError
 
-    def _item(self, index: int, data, target: int, where: Optional[str] = None):
+    def _item(self, index: int, data, target: int):
         try:
             image = apply(self.transform, data, None if self.epoch is None else (self.epoch, index))
         except Exception as exc:
-            where = self._where(index) if where is None else where
-            raise type(exc)(f"sample {index} ({where}): {exc}") from exc
+            raise type(exc)(f"sample {index} ({self._where(index)}): {exc}") from exc
         if self.target_transform is not None:
             target = self.target_transform(target)
         return image, target

@@ -38,4 +38,7 @@ class ImageFolder(EncodedImageDataset):
         path, target = self.samples[index]
         with open(path, "rb") as f:
             data = f.read()
-        return self._item(index, data, target, path)
+        return self._item(index, data, target)
+
+    def _where(self, index: int) -> str:
+        return self.samples[index][0]

@@ -3,6 +3,7 @@ import math
 import os
 import pickle
 import random
+import re
 
 import numpy as np
 import pytest
@@ -44,7 +45,7 @@ def test_items_are_imagefolder_pairs(store, packed, photo_tree):
         dataset[len(dataset) + 5]
 
 
-def test_a_sample_that_fails_names_its_path_only_then(store, packed, monkeypatch):
+def test_a_sample_that_fails_names_its_path_only_then(store, packed, clean_tree, monkeypatch):
     paths = StoreFile(packed[0]).paths
 
     def broken(image):
@@ -52,6 +53,9 @@ def test_a_sample_that_fails_names_its_path_only_then(store, packed, monkeypatch
 
     with pytest.raises(ValueError, match=rf"sample 7 \({paths[7]}\): cannot use this image"):
         InMemoryImageFolder(store, transform=broken)[7]
+    folder = ImageFolder(clean_tree, transform=broken)
+    with pytest.raises(ValueError, match=rf"sample 3 \({re.escape(folder.samples[3][0])}\): cannot use"):
+        folder[3]
     # a sample that loads looks up no path: the packed file's path table is read only for a message
     monkeypatch.setattr(type(store), "sample_path", lambda self, i: pytest.fail("path looked up"))
     assert InMemoryImageFolder(store)[7][1] == int(store.labels[7])
