@@ -5,21 +5,21 @@
 import importlib
 import sys
 
-# name -> (module under mcallreduce.bench, what it does); the --help epilog is made from it
+# subcommand (and its module under mcallreduce.bench) -> what it does; the --help epilog is made from it
 COMMANDS = {
-    "tune": ("tune", "the tuning table: from the cost model, or --measure on this cluster"),
-    "report": ("report", "emulated-cluster sweep + model -> docs/benchmarks.md (root)"),
-    "ddp": ("ddp", "DDP on gloo vs the multicolor hook / backend (docs/ddp.md)"),
-    "e2e": ("e2e", "the ImageNet example's ablation on the emulated cluster (docs/e2e.md)"),
-    "accuracy": ("accuracy", "top-1 on real digits: folder vs memory shuffles, stock vs plugin"),
+    "tune": "the tuning table: from the cost model, or --measure on this cluster",
+    "report": "emulated-cluster sweep + model -> docs/benchmarks.md (root)",
+    "ddp": "DDP on gloo vs the multicolor hook / backend (docs/ddp.md)",
+    "e2e": "the ImageNet example's ablation on the emulated cluster (docs/e2e.md)",
+    "accuracy": "top-1 on real digits: folder vs memory shuffles, stock vs plugin",
 }
-SUBCOMMANDS = "".join(f"    python -m mcallreduce.bench {name:<9}# {what}\n" for name, (_, what) in COMMANDS.items())
+SUBCOMMANDS = "".join(f"    python -m mcallreduce.bench {name:<9}# {what}\n" for name, what in COMMANDS.items())
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in COMMANDS:
-        module = importlib.import_module(f".{COMMANDS[argv[0]][0]}", __package__)
+        module = importlib.import_module(f".{argv[0]}", __package__)
         return module.main(argv[1:])
     from .allreduce import main as allreduce_main
     return allreduce_main(argv)

@@ -61,6 +61,12 @@ typedef struct {
 
 extern PyTypeObject ProgramType, TemplateType;  /* program.c */
 
+/* Every type of the executor: built by its init, freed by its dealloc, no attributes but METHODS. */
+#define EXECUTOR_TYPE(NAME, OBJECT, DOC, INIT, DEALLOC, METHODS)                                   \
+    {PyVarObject_HEAD_INIT(NULL, 0) .tp_name = "mcallreduce._executor." NAME, .tp_doc = DOC,        \
+     .tp_basicsize = sizeof(OBJECT), .tp_flags = Py_TPFLAGS_DEFAULT, .tp_new = PyType_GenericNew,  \
+     .tp_init = (initproc)(INIT), .tp_dealloc = (destructor)(DEALLOC), .tp_methods = (METHODS)}
+
 typedef struct run {
     long long seq;
     int kind, check, status, done, pending, tag0, dtype, op, coll_ready;

@@ -111,10 +111,6 @@ DEFINE_COMBINE(s32, int32_t)
 DEFINE_COMBINE(s64, int64_t)
 DEFINE_LOOPS(f32, float)
 DEFINE_LOOPS(f64, double)
-#undef ADD
-#undef MUL
-#define ADD(a, b) ((a) + (b))
-#define MUL(a, b) ((a) * (b))
 DEFINE_LOOPS(u32, uint32_t)
 DEFINE_LOOPS(u64, uint64_t)
 DEFINE_LOOPS(s32, int32_t)
@@ -187,42 +183,30 @@ static inline void f16_reduce(int op, uint16_t *restrict d, const uint16_t *rest
     for (int64_t i = 0; i < n; i++) d[i] = left ? f16_apply(op, s[i], d[i]) : f16_apply(op, d[i], s[i]);
 }
 
-/* dst = op(dst, src) over n elements (operands swapped when left). */
-static inline void reduce_into(int dtype, int op, void *dst, const void *src, int64_t n, int left) {
-    switch (dtype) {
-    case DT_F16: f16_reduce(op, dst, src, n, left); break;
-    case DT_F32: f32_reduce(op, dst, src, n, left); break;
-    case DT_F64: f64_reduce(op, dst, src, n, left); break;
-    case DT_I32:   /* sums and products wrap: unsigned arithmetic; min/max signed */
-        if (op == OP_MIN || op == OP_MAX) s32_reduce(op, dst, src, n, left);
-        else u32_reduce(op, dst, src, n, left);
-        break;
-    case DT_I64:
-        if (op == OP_MIN || op == OP_MAX) s64_reduce(op, dst, src, n, left);
-        else u64_reduce(op, dst, src, n, left);
-        break;
+/* One call of the kernel family VERB (reduce or combine) for the dtype: integer sums and products
+   wrap, so they run unsigned; min and max compare signed. */
+#define DTYPE_DISPATCH(dtype, op, VERB, ...)                                                          \
+    switch (dtype) {                                                                                    \
+    case DT_F16: f16_##VERB(op, __VA_ARGS__); break;                                                    \
+    case DT_F32: f32_##VERB(op, __VA_ARGS__); break;                                                    \
+    case DT_F64: f64_##VERB(op, __VA_ARGS__); break;                                                    \
+    case DT_I32: if (op == OP_MIN || op == OP_MAX) s32_##VERB(op, __VA_ARGS__); else u32_##VERB(op, __VA_ARGS__); break; \
+    case DT_I64: if (op == OP_MIN || op == OP_MAX) s64_##VERB(op, __VA_ARGS__); else u64_##VERB(op, __VA_ARGS__); break; \
     }
-}
 
 static inline void f16_combine(int op, uint16_t *restrict o, const uint16_t *a, const uint16_t *b, int64_t n) {
+    if (have_f16c()) { f16c_combine(op, o, a, b, n); return; }
     for (int64_t i = 0; i < n; i++) o[i] = f16_apply(op, a[i], b[i]);
+}
+
+/* dst = op(dst, src) over n elements (operands swapped when left). */
+static inline void reduce_into(int dtype, int op, void *dst, const void *src, int64_t n, int left) {
+    DTYPE_DISPATCH(dtype, op, reduce, dst, src, n, left)
 }
 
 /* out = op(a, b) over n elements; out overlaps neither operand. */
 static inline void combine_into(int dtype, int op, void *out, const void *a, const void *b, int64_t n) {
-    switch (dtype) {
-    case DT_F16: f16_combine(op, out, a, b, n); break;
-    case DT_F32: f32_combine(op, out, a, b, n); break;
-    case DT_F64: f64_combine(op, out, a, b, n); break;
-    case DT_I32:
-        if (op == OP_MIN || op == OP_MAX) s32_combine(op, out, a, b, n);
-        else u32_combine(op, out, a, b, n);
-        break;
-    case DT_I64:
-        if (op == OP_MIN || op == OP_MAX) s64_combine(op, out, a, b, n);
-        else u64_combine(op, out, a, b, n);
-        break;
-    }
+    DTYPE_DISPATCH(dtype, op, combine, out, a, b, n)
 }
 
 /* buf *= factor in place, as Horovod scales CPU buffers: float16 through float32, float32 and

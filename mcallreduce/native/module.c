@@ -332,17 +332,9 @@ static PyMethodDef Engine_methods[] = {
     {NULL}
 };
 
-static PyTypeObject EngineType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "mcallreduce._executor.Engine",
-    .tp_doc = "Every allreduce in flight on one communicator context.",
-    .tp_basicsize = sizeof(EngineObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Engine_init,
-    .tp_dealloc = (destructor)Engine_dealloc,
-    .tp_methods = Engine_methods,
-};
+static PyTypeObject EngineType = EXECUTOR_TYPE(
+    "Engine", EngineObject, "Every allreduce in flight on one communicator context.",
+    Engine_init, Engine_dealloc, Engine_methods);
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_executor",
                                     "The compiled executor of mcallreduce's schedules (see executor.c).", -1, NULL};

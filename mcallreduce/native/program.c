@@ -67,16 +67,9 @@ static void Program_dealloc(ProgramObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-PyTypeObject ProgramType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "mcallreduce._executor.Program",
-    .tp_doc = "One rank's lowered schedule: flat step arrays and the dependents' CSR lists.",
-    .tp_basicsize = sizeof(ProgramObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Program_init,
-    .tp_dealloc = (destructor)Program_dealloc,
-};
+PyTypeObject ProgramType = EXECUTOR_TYPE(
+    "Program", ProgramObject, "One rank's lowered schedule: flat step arrays and the dependents' CSR lists.",
+    Program_init, Program_dealloc, NULL);
 
 
 /* ------------------------------------------------------------------ call template */
@@ -113,13 +106,6 @@ static void Template_dealloc(TemplateObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-PyTypeObject TemplateType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "mcallreduce._executor.Template",
-    .tp_doc = "Template(kind, program, dtype, op, postscale, meta, check): one plan's fixed call arguments.",
-    .tp_basicsize = sizeof(TemplateObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Template_init,
-    .tp_dealloc = (destructor)Template_dealloc,
-};
+PyTypeObject TemplateType = EXECUTOR_TYPE(
+    "Template", TemplateObject, "Template(kind, program, dtype, op, postscale, meta, check): one plan's fixed call arguments.",
+    Template_init, Template_dealloc, NULL);
