@@ -17,7 +17,7 @@
 | MCALLREDUCE_RANKS_PER_HOST   | auto, or an integer >= 1       | auto       |
 | MCALLREDUCE_TUNING_FILE      | a tuning table (JSON), none    | built-in   |
 
-The Horovod plugin's three (functions at the end of this module, read when asked, because
+The Horovod plugin's four (functions at the end of this module, read when asked, because
 the startup hook decides before anything heavy is imported; this module and its parsers,
 :mod:`mcallreduce.envparse` and :mod:`mcallreduce.units`, import only the standard library):
 
@@ -26,6 +26,7 @@ the startup hook decides before anything heavy is imported; this module and its 
 | MCALLREDUCE_HOROVOD          | auto, 1, 0                     | auto       |
 | MCALLREDUCE_BUCKET_BYTES     | a size (25M, 4M)               | 25M        |
 | MCALLREDUCE_PROGRESS_THREAD  | auto, 1, 0                     | auto       |
+| MCALLREDUCE_GRADIENT_AS_BUCKET_VIEW | 1, 0                    | 0          |
 
 the stall inspector's ``MCALLREDUCE_STALL_CHECK_TIME_SECONDS`` (60), ``MCALLREDUCE_STALL_CHECK_DISABLE``
 and ``MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS`` (each falling back to Horovod's ``HOROVOD_*``
@@ -52,7 +53,7 @@ from .units import parse_size
 
 __all__ = ["ALGORITHMS", "MPI_ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_size",
            "horovod_switch", "horovod_requested_by_startup_hook", "horovod_requested_by_import",
-           "bucket_bytes", "progress_thread", "stall_check_seconds", "stall_shutdown_seconds", "timeline_file", "data"]
+           "bucket_bytes", "progress_thread", "gradient_as_bucket_view", "stall_check_seconds", "stall_shutdown_seconds", "timeline_file", "data"]
 
 #: MPI's own allreduce: "mpi" is MPI_Allreduce itself (stock Horovod's CPU path), "mpi-ring"
 #: Open MPI's ring allreduce (as "mpi" where it cannot be forced: mcallreduce/mpit.py)
@@ -144,14 +145,11 @@ class Config:
 
         algorithm = parse_choice("MCALLREDUCE_ALGORITHM", get("ALGORITHM") or "multicolor", ALGORITHMS)
         segment = get("SEGMENT_BYTES")
-        if segment is not None and segment.lower() != "auto":
-            segment_bytes: Optional[int] = parse_size(segment, "MCALLREDUCE_SEGMENT_BYTES")
-        else:
-            segment_bytes = None
+        auto_segment = segment is None or segment.lower() == "auto"
         return cls(
             algorithm=algorithm,
             colors=integer("COLORS", 1),
-            segment_bytes=segment_bytes,
+            segment_bytes=None if auto_segment else parse_size(segment, "MCALLREDUCE_SEGMENT_BYTES"),
             fanout=integer("FANOUT", 2),
             hierarchy=boolean("HIERARCHY", auto=True),
             route=_route(get("ROUTE")),
@@ -276,12 +274,15 @@ def progress_thread(ranks_on_host: int, environ: Optional[Mapping[str, str]] = N
     """MCALLREDUCE_PROGRESS_THREAD: auto starts the thread only when the host has a core to
     spare for it (more cores than ranks), since MPI's progress loop polls a core while
     allreduces are in flight (an idle thread sleeps)."""
-    value = _env(environ, PROGRESS_VARIABLE).lower()
-    if value in ("", "auto"):
-        return (os.cpu_count() or 1) > ranks_on_host
-    if value in ("1", "0"):
-        return value == "1"
-    raise ConfigError(f"{PROGRESS_VARIABLE}={value!r}: allowed values are auto, 1, 0")
+    forced = parse_switch(PROGRESS_VARIABLE, _env(environ, PROGRESS_VARIABLE))
+    return (os.cpu_count() or 1) > ranks_on_host if forced is None else forced
+
+
+def gradient_as_bucket_view(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """MCALLREDUCE_GRADIENT_AS_BUCKET_VIEW=1: gradients stay views of their bucket after
+    synchronize() (no copy back), with DDP's caveat: a gradient tensor kept across steps changes."""
+    name = "MCALLREDUCE_GRADIENT_AS_BUCKET_VIEW"
+    return bool(parse_switch(name, _env(environ, name), auto=False))
 
 
 def timeline_file(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:

@@ -223,8 +223,12 @@ def test_horovod_and_data_variables():
     assert c.stall_check_seconds({"HOROVOD_STALL_CHECK_DISABLE": "1"}) is None
     assert c.stall_shutdown_seconds({}) is None and c.stall_shutdown_seconds({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "9"}) == 9
     assert c.progress_thread(1, {"MCALLREDUCE_PROGRESS_THREAD": "1"}) is True
+    assert c.progress_thread(1, {"MCALLREDUCE_PROGRESS_THREAD": "0"}) is False
+    assert c.gradient_as_bucket_view({}) is False
+    assert c.gradient_as_bucket_view({"MCALLREDUCE_GRADIENT_AS_BUCKET_VIEW": "1"}) is True
     for fn, env in [(c.horovod_switch, {"MCALLREDUCE_HOROVOD": "maybe"}),
                     (c.bucket_bytes, {"MCALLREDUCE_BUCKET_BYTES": "0"}),
+                    (c.gradient_as_bucket_view, {"MCALLREDUCE_GRADIENT_AS_BUCKET_VIEW": "auto"}),
                     (c.bucket_bytes, {"MCALLREDUCE_BUCKET_BYTES": "lots"}),
                     (c.bucket_bytes, {"HOROVOD_FUSION_THRESHOLD": "-1"}),
                     (c.stall_check_seconds, {"MCALLREDUCE_STALL_CHECK_TIME_SECONDS": "soon"})]:

@@ -7,7 +7,10 @@ MCALLREDUCE_BUCKET_BYTES. A bucket's allreduce starts as soon as all its gradien
 but only after every earlier bucket started, so every rank starts the same buckets in the same
 order whatever order its hooks fire in: no deadlock, and the engine's progress thread overlaps
 the communication with the rest of backward. ``synchronize()`` starts what is left (parameters
-without a gradient this step count as zeros, as in Horovod), waits, and copies the results back.
+without a gradient this step count as zeros, as in Horovod), waits, and copies the results back,
+or with MCALLREDUCE_GRADIENT_AS_BUCKET_VIEW=1 leaves each gradient a view of its bucket, as DDP's
+``gradient_as_bucket_view``: no copy back, and none in at the next step when ``zero_grad(set_to_none=False)``
+lets backward accumulate into the view.
 
 The class is built like Horovod's (``type(name, (optimizer class,), methods)``) and reuses
 stock Horovod's ``__init__`` (argument checks, names), ``step``, ``zero_grad`` and
@@ -36,6 +39,8 @@ class Bucket:
         self.label = f"gradient bucket {index} ({names[0]}" + (f" .. {names[-1]}, {len(names)} tensors)"
                                                                if len(names) > 1 else ")")
         self.layout = ";".join(f"{n}{tuple(p.shape)}{p.dtype}" for n, p in zip(names, params))
+        # slots whose gradient may stay a view of ``flat`` after synchronize (no copy back)
+        self.viewable = [p.dtype == wire and p.is_contiguous() for p in params]
         self.ready = 0            # parameters whose gradients are final for this step
         self.routed = None        # the allreduce in flight
         self.sparse: Dict[int, object] = {}   # slot -> stock Horovod sparse handle
@@ -97,6 +102,7 @@ class _BucketedMethods:
         self._buckets = plan_buckets(params, self._parameter_names, config.bucket_bytes(), compressed,
                                      groups if isinstance(groups, list) else None)
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
+        self._views = config.gradient_as_bucket_view()
         self._next_bucket = 0
 
     def _make_hook(self, p):
@@ -128,6 +134,9 @@ class _BucketedMethods:
             if p.grad is None:   # no gradient this step: reduce zeros, as Horovod does
                 p.grad = torch.zeros_like(p)
             grad = p.grad
+            if self._views and bucket.viewable[slot] and not grad.is_sparse and grad.is_contiguous() \
+                    and grad.data_ptr() == bucket.flat[offset:].data_ptr():
+                continue         # still the bucket's view: accumulated in place, nothing to copy
             if grad.is_sparse:
                 if not self.sparse_as_dense:
                     state.warn_once("sparse gradients (use sparse_as_dense=True for the fast path)")
@@ -163,6 +172,8 @@ class _BucketedMethods:
                     p.grad.zero_().add_(bucket.sparse.pop(slot)())
                 elif p.grad.is_sparse:
                     p.grad.zero_().add_(bucket.flat[offset:offset + n].view_as(p).to(p.dtype).to_sparse())
+                elif self._views and bucket.viewable[slot]:
+                    p.grad = bucket.flat[offset:offset + n].view_as(p)
                 else:
                     p.grad.copy_(bucket.flat[offset:offset + n].view_as(p))
         self._reset_buckets()

@@ -10,16 +10,23 @@ pytestmark = needs_horovod
 
 def test_training_with_and_without_plugin_reaches_the_same_parameters(tmp_path):
     outs = {}
-    # the progress thread forced on: the overlap path (auto leaves it off on a 2-core machine)
-    for mode, env in (("stock", OFF), ("plugin", {**ON, "MCALLREDUCE_PROGRESS_THREAD": "1"})):
-        result = mpi_job(2, "train_cnn.py", tmp_path / f"{mode}.pt", 30, env=env)
+    # the progress thread forced on: the overlap path (auto leaves it off on a 2-core machine);
+    # "views": gradients left as views of their bucket, zeroed in place so backward accumulates into them
+    views = {**ON, "MCALLREDUCE_PROGRESS_THREAD": "1", "MCALLREDUCE_GRADIENT_AS_BUCKET_VIEW": "1"}
+    for mode, env, args in (("stock", OFF, ()), ("plugin", {**ON, "MCALLREDUCE_PROGRESS_THREAD": "1"}, ()),
+                            ("views", views, ("keep-grads",))):
+        result = mpi_job(2, "train_cnn.py", tmp_path / f"{mode}.pt", 30, *args, env=env)
         assert result.returncode == 0 and "TRAINED" in result.stdout, explain(result)
         outs[mode] = torch.load(tmp_path / f"{mode}.pt")
-    stock, plugin = outs["stock"], outs["plugin"]
-    assert plugin["losses"][-1] < 0.5 * plugin["losses"][0], plugin["losses"]
-    torch.testing.assert_close(plugin["losses"], stock["losses"], rtol=1e-4, atol=1e-5)
-    for name, want in stock["params"].items():
-        torch.testing.assert_close(plugin["params"][name], want, rtol=1e-4, atol=1e-5, msg=name)
+    stock = outs["stock"]
+    assert stock["losses"][-1] < 0.5 * stock["losses"][0], stock["losses"]
+    for mode in ("plugin", "views"):
+        torch.testing.assert_close(outs[mode]["losses"], stock["losses"], rtol=1e-4, atol=1e-5, msg=mode)
+        for name, want in stock["params"].items():
+            torch.testing.assert_close(outs[mode]["params"][name], want, rtol=1e-4, atol=1e-5, msg=f"{mode} {name}")
+    # every gradient its own tensor, except as views: all of them in the model's one bucket
+    assert stock["grad_storages"] == outs["plugin"]["grad_storages"] > 1
+    assert outs["views"]["grad_storages"] == 1
 
 
 def test_plugin_only_behaviour():

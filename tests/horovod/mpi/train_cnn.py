@@ -1,7 +1,8 @@
 """A small CNN trained with hvd.DistributedOptimizer on synthetic data (fixed seeds).
 
-Usage (under mpirun): train_cnn.py OUT.pt [steps]
-Rank 0 saves the final parameters and the per-step loss averaged over ranks.
+Usage (under mpirun): train_cnn.py OUT.pt [steps] [keep-grads]
+Rank 0 saves the final parameters, the per-step loss averaged over ranks, and how many storages
+the gradients live in after the last step. keep-grads zeroes them in place (model.zero_grad(set_to_none=False)).
 """
 import sys
 
@@ -13,6 +14,7 @@ hvd.init()
 torch.manual_seed(1234)          # same initial model everywhere (broadcast below anyway)
 torch.set_num_threads(1)
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 30
+set_to_none = sys.argv[3:4] != ["keep-grads"]
 
 model = torch.nn.Sequential(
     torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
@@ -32,7 +34,10 @@ for step in range(steps):
     for i, label in enumerate(labels.tolist()):
         r, c = divmod(label, 2)
         images[i, :, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8] += 1.0
-    optimizer.zero_grad()
+    if set_to_none:
+        optimizer.zero_grad()
+    else:   # Horovod's zero_grad takes no arguments
+        model.zero_grad(set_to_none=False)
     loss = F.cross_entropy(model(images), labels)
     loss.backward()
     optimizer.step()
@@ -40,5 +45,7 @@ for step in range(steps):
 
 if hvd.rank() == 0:
     torch.save({"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                "losses": losses}, sys.argv[1])
+                "losses": losses,
+                "grad_storages": len({p.grad.untyped_storage().data_ptr() for p in model.parameters()})},
+               sys.argv[1])
     print(f"TRAINED first_loss={losses[0]:.4f} last_loss={losses[-1]:.4f}", flush=True)
