@@ -19,7 +19,9 @@
  * cost more than its extra latencies) sends in each exchange only the half of its range that
  * the peer keeps, so the check's exchanges are its reduce-scatter. After the last one every
  * rank holds the same MAX: if it agrees, every rank retraces the exchanges with its reduced
- * part (the allgather, data only), and if not, none does.
+ * part (the allgather, data only), and if not, none does. Each exchange reduces the part the
+ * next one gives straight into that one's message, and the last, once every rank agreed,
+ * reduces this rank's part straight into the user's buffer.
  *
  * On one host the completed check is also the shared-memory stage's first sync: every
  * rank's first message, sent after it published, reaches every other rank along the way.
@@ -83,9 +85,13 @@ static void held(int rank, int i, int64_t nelem, int64_t *off, int64_t *cnt) {
     }
 }
 
+/* Where a fused halving call builds each exchange's message: behind its own (start_check). */
+static char *exchange_buffer(run_t *r) { return r->cmine + r->cmine_bytes; }
+
 /* What this rank sends in an exchange: its whole message, or in a fused halving call its
-   vector and the part of its range the peer keeps, copied behind its own message (in the
-   first exchange of a rank that folds nothing in, straight from the user's buffer). */
+   vector and the part of its range the peer keeps, behind its own message: copied there in its
+   first exchange (from the user's buffer, in a rank that folds nothing in), and reduced there by
+   the exchange before it in the others. */
 static char *exchange_message(EngineObject *e, run_t *r, const cstep_t *s, size_t *total) {
     *total = r->cmine_bytes;
     if (s->phase == FOLD_OUT && r->in_buf)   /* the result was gathered into the user's buffer */
@@ -97,11 +103,12 @@ static char *exchange_message(EngineObject *e, run_t *r, const cstep_t *s, size_
     half = cnt / 2;
     int64_t give_off = e->rank >> s->bit & 1 ? off : off + half, give = e->rank >> s->bit & 1 ? half : cnt - half;
     const char *data = r->from_buf && s->bit == 0 ? r->buf : check_data(r);
-    char *msg = r->cmine + r->cmine_bytes;
+    char *msg = exchange_buffer(r);
     *total = body + (size_t)give * r->isz;
     memcpy(msg, r->cmine, body);
     ((int64_t *)msg)[0] = (int64_t)*total;
-    memcpy(msg + body, data + give_off * (int64_t)r->isz, (size_t)give * r->isz);
+    if (!r->msg_ready) memcpy(msg + body, data + give_off * (int64_t)r->isz, (size_t)give * r->isz);
+    r->msg_ready = 0;
     return msg;
 }
 
@@ -174,6 +181,14 @@ static void post_rest(EngineObject *e, run_t *r, int first_bytes, int peer, int 
     }
 }
 
+static int last_bit(EngineObject *e) { return log2_of(largest_power_of_two(e->size)) - 1; }
+
+/* out = op(own, theirs) over n elements, the lower rank's data the left operand; out may be own. */
+static void fold(run_t *r, int theirs_left, char *out, const char *own, const char *theirs, int64_t n) {
+    if (out == own) reduce_into(r->dtype, r->op, out, theirs, n, theirs_left);
+    else combine_into(r->dtype, r->op, out, theirs_left ? theirs : own, theirs_left ? own : theirs, n);
+}
+
 /* Fold the received message into this rank's: the MAX of the vectors, and a fused call's data
    (all of it, or in a fused halving exchange the part of its range this rank keeps). */
 static void merge(EngineObject *e, run_t *r, const cstep_t *s) {
@@ -197,16 +212,33 @@ static void merge(EngineObject *e, run_t *r, const cstep_t *s) {
     size_t expected = r->kind == KIND_FUSED_HALVING && s->phase == EXCHANGE ? body + (size_t)cnt * r->isz : r->cmine_bytes;
     int agree = (size_t)r->received == expected && memcmp(mine, theirs, meta_bytes) == 0;
     for (int k = 0; k < r->nmeta; k++) if (theirs[k] > mine[k]) mine[k] = theirs[k];
+    if (r->kind == KIND_FUSED_HALVING && s->phase == EXCHANGE && s->bit == last_bit(e)) {
+        /* every rank below p2 now holds the same MAX, so all of them gather, or none */
+        memcpy(r->meta_out, mine, meta_bytes);
+        r->gather = agreed(r) ? s->bit + 1 : 0;
+    }
     if (!FUSED(r->kind) || r->data_bad) return;
     if (!agree) { r->data_bad = 1; return; }
-    char *dst = check_data(r) + off * (int64_t)r->isz, *theirs_data = r->crecv + body;
-    if (r->from_buf && s->bit == 0) {   /* this rank's part is still only in the user's buffer */
-        const char *own = r->buf + off * (int64_t)r->isz;
-        int left = s->peer < e->rank;
-        combine_into(r->dtype, r->op, dst, left ? theirs_data : own, left ? own : theirs_data, cnt);
-        return;
+    const char *own = (r->from_buf && s->bit == 0 ? r->buf : check_data(r)) + off * (int64_t)r->isz;
+    const char *theirs_data = r->crecv + body;
+    int left = s->peer < e->rank;
+    if (r->kind != KIND_FUSED_HALVING || s->phase != EXCHANGE) {
+        fold(r, left, check_data(r) + off * (int64_t)r->isz, own, theirs_data, cnt);
+    } else if (s->bit < last_bit(e)) {   /* the part the next exchange gives goes straight into its message */
+        int upper = e->rank >> (s->bit + 1) & 1;   /* keeps the upper part, gives the lower */
+        int64_t half = cnt / 2, give_at = upper ? 0 : half, give = upper ? half : cnt - half;
+        int64_t keep_at = upper ? half : 0, keep = cnt - give;
+        char *msg_data = exchange_buffer(r) + body;
+        fold(r, left, msg_data, own + give_at * (int64_t)r->isz, theirs_data + give_at * (int64_t)r->isz, give);
+        fold(r, left, check_data(r) + (off + keep_at) * (int64_t)r->isz, own + keep_at * (int64_t)r->isz,
+             theirs_data + keep_at * (int64_t)r->isz, keep);
+        r->msg_ready = 1;
+    } else if (r->gather) {   /* every rank agreed: this rank's part of the result goes to the user's buffer */
+        fold(r, left, r->buf + off * (int64_t)r->isz, own, theirs_data, cnt);
+        r->in_buf = 1;
+    } else {
+        fold(r, left, check_data(r) + off * (int64_t)r->isz, own, theirs_data, cnt);
     }
-    reduce_into(r->dtype, r->op, dst, theirs_data, cnt, s->peer < e->rank);
 }
 
 void check_completed(EngineObject *e, run_t *r, int32_t owner, int received_bytes) {
@@ -226,11 +258,6 @@ void check_completed(EngineObject *e, run_t *r, int32_t owner, int received_byte
         if ((int64_t)r->received != peer_cnt * (int64_t)r->isz) r->data_bad = 1;
     } else if (s.recv_tag >= 0) {
         merge(e, r, &s);
-    }
-    if (r->kind == KIND_FUSED_HALVING && s.phase == EXCHANGE && s.bit == log2_of(largest_power_of_two(e->size)) - 1) {
-        /* every rank below p2 now holds the same MAX, so all of them gather, or none */
-        memcpy(r->meta_out, r->cmine + HEADER_BYTES, sizeof(int64_t) * (size_t)r->nmeta);
-        r->gather = agreed(r) ? s.bit + 1 : 0;
     }
     r->cstep++;
     post_step(e, r);
@@ -260,6 +287,7 @@ void start_check(EngineObject *e, run_t *r) {
     /* a fused halving rank that folds nothing in reads its first exchange from the user's buffer */
     r->from_buf = r->kind == KIND_FUSED_HALVING && r->pre == 1.0 && e->rank >= e->size - p2 && e->rank < p2 && p2 > 1;
     r->in_buf = 0;
+    r->msg_ready = 0;
     if (data_bytes && !r->from_buf) {   /* a copy: the user's buffer changes only once every rank agreed */
         memcpy(check_data(r), r->buf, data_bytes);
         scale_buffer(r->dtype, check_data(r), r->nelem, r->pre);
