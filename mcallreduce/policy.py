@@ -51,8 +51,10 @@ DOUBLING_BYTES = SMALL_BYTES
 DOUBLING_PAIR_BYTES = 256 << 10
 # Across hosts, above the latency regime and up to the fused limit, halving fused with its check
 # beat MPI's allreduce after the check and our trees on every layout of more than two ranks
-# measured, at both link speeds (docs/algorithms.md, "Halving along the check").
+# measured, at both link speeds (docs/algorithms.md, "Halving along the check"); a pair across
+# hosts keeps doubling up to PAIR_HALVING_ABOVE_BYTES, where halving's second round starts to pay.
 HALVING_BETWEEN_BYTES = (DOUBLING_BYTES, FUSED_MAX_BYTES)
+PAIR_HALVING_ABOVE_BYTES = 64 << 10
 
 
 def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
@@ -160,11 +162,12 @@ def resolve(config: Config, nbytes: int, itemsize: int,
         one_sync = nbytes <= min(config.one_sync_bytes, small_slot)
         return "multicolor", Params(colors=nranks, hierarchical=True, depth=config.depth, shared=True,
                                     single_copy=single_copy and not one_sync, one_sync=one_sync)
+    if (config.algorithm == "multicolor" and knobs_unset and hit is None and len(hosts) > 1
+            and max(HALVING_BETWEEN_BYTES[0], PAIR_HALVING_ABOVE_BYTES if nranks == 2 else 0) < nbytes
+            and nbytes <= HALVING_BETWEEN_BYTES[1]):
+        return "halving", Params(segment=0, depth=config.depth)
     if config.algorithm == "multicolor" and knobs_unset and hit is None and latency_bound(nbytes, nranks):
         return "doubling", Params(segment=0, depth=config.depth)
-    if (config.algorithm == "multicolor" and knobs_unset and hit is None and len(hosts) > 1 and nranks > 2
-            and HALVING_BETWEEN_BYTES[0] < nbytes <= HALVING_BETWEEN_BYTES[1]):
-        return "halving", Params(segment=0, depth=config.depth)
     tuned = hit[1] if hit is not None and hit[0] == "multicolor" else None
     if config.hierarchy is not None:
         hierarchical = config.hierarchy

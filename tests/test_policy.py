@@ -51,8 +51,10 @@ def test_the_rules_give_medium_calls_across_hosts_to_halving_fused_with_its_chec
             for mpi_type in (True, False):
                 algorithm, params = resolve(rules, nbytes, 4, hosts, mpi_type=mpi_type)
                 assert algorithm == "halving" and fused_with_check(algorithm, nbytes), (nbytes, hosts, algorithm)
-        assert resolve(rules, nbytes, 4, pair)[0] == "doubling"          # two ranks: one exchange
-        assert resolve(rules, nbytes, 4, one_host)[0] == "multicolor"    # one host: the stages
+        # two ranks: one exchange up to 64 KiB, then halving's two; on one host, the stages
+        assert resolve(rules, nbytes, 4, pair)[0] == ("doubling" if nbytes <= 64 << 10 else "halving")
+        assert resolve(rules, nbytes, 4, one_host)[0] == "multicolor"
+    assert resolve(rules, 256 << 10, 4, [[0, 1]], shared_slot=0)[0] == "doubling"   # a pair on one host, no stage
     assert resolve(rules, 16 << 10, 4, flat4)[0] == "doubling"
     assert resolve(rules, FUSED_MAX_BYTES + 4, 4, flat4)[0] == "multicolor"
 

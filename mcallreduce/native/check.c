@@ -20,8 +20,8 @@
  * the peer keeps, so the check's exchanges are its reduce-scatter. After the last one every
  * rank holds the same MAX: if it agrees, every rank retraces the exchanges with its reduced
  * part (the allgather, data only), and if not, none does. Each exchange reduces the part the
- * next one gives straight into that one's message, and the last, once every rank agreed,
- * reduces this rank's part straight into the user's buffer.
+ * next one gives straight into that one's message. In both kinds of fused call the last
+ * exchange, once every rank agreed, reduces straight into the user's buffer.
  *
  * On one host the completed check is also the shared-memory stage's first sync: every
  * rank's first message, sent after it published, reaches every other rank along the way.
@@ -212,17 +212,22 @@ static void merge(EngineObject *e, run_t *r, const cstep_t *s) {
     size_t expected = r->kind == KIND_FUSED_HALVING && s->phase == EXCHANGE ? body + (size_t)cnt * r->isz : r->cmine_bytes;
     int agree = (size_t)r->received == expected && memcmp(mine, theirs, meta_bytes) == 0;
     for (int k = 0; k < r->nmeta; k++) if (theirs[k] > mine[k]) mine[k] = theirs[k];
-    if (r->kind == KIND_FUSED_HALVING && s->phase == EXCHANGE && s->bit == last_bit(e)) {
-        /* every rank below p2 now holds the same MAX, so all of them gather, or none */
+    int all_agreed = 0;
+    if (FUSED(r->kind) && s->phase == EXCHANGE && s->bit == last_bit(e)) {
+        /* every rank below p2 now holds the same MAX: all of them agreed, or none did */
         memcpy(r->meta_out, mine, meta_bytes);
-        r->gather = agreed(r) ? s->bit + 1 : 0;
+        all_agreed = agreed(r);
+        if (r->kind == KIND_FUSED_HALVING) r->gather = all_agreed ? s->bit + 1 : 0;
     }
     if (!FUSED(r->kind) || r->data_bad) return;
     if (!agree) { r->data_bad = 1; return; }
     const char *own = (r->from_buf && s->bit == 0 ? r->buf : check_data(r)) + off * (int64_t)r->isz;
     const char *theirs_data = r->crecv + body;
     int left = s->peer < e->rank;
-    if (r->kind != KIND_FUSED_HALVING || s->phase != EXCHANGE) {
+    if (all_agreed) {   /* the last exchange: this rank's part of the result goes to the user's buffer */
+        fold(r, left, r->buf + off * (int64_t)r->isz, own, theirs_data, cnt);
+        r->in_buf = 1;
+    } else if (r->kind != KIND_FUSED_HALVING || s->phase != EXCHANGE) {
         fold(r, left, check_data(r) + off * (int64_t)r->isz, own, theirs_data, cnt);
     } else if (s->bit < last_bit(e)) {   /* the part the next exchange gives goes straight into its message */
         int upper = e->rank >> (s->bit + 1) & 1;   /* keeps the upper part, gives the lower */
@@ -233,9 +238,6 @@ static void merge(EngineObject *e, run_t *r, const cstep_t *s) {
         fold(r, left, check_data(r) + (off + keep_at) * (int64_t)r->isz, own + keep_at * (int64_t)r->isz,
              theirs_data + keep_at * (int64_t)r->isz, keep);
         r->msg_ready = 1;
-    } else if (r->gather) {   /* every rank agreed: this rank's part of the result goes to the user's buffer */
-        fold(r, left, r->buf + off * (int64_t)r->isz, own, theirs_data, cnt);
-        r->in_buf = 1;
     } else {
         fold(r, left, check_data(r) + off * (int64_t)r->isz, own, theirs_data, cnt);
     }

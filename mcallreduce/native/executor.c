@@ -313,13 +313,13 @@ static void completed(EngineObject *e, int n, int in_status) {
 #define COLL_SHORT_NAP_FACTOR 100
 #define COLL_SLEEP_MAX_NS 50000L
 
-/* MPI's nonblocking allreduce, or a fused halving call's exchange: a chain of rounds, each
+/* MPI's nonblocking allreduce, or a call fused with its check: a chain of rounds, each
    waiting on one message, that a nap would delay round by round (docs/algorithms.md) */
 static int chain_posted(const EngineObject *e) {
     for (int i = 0; i < e->nreqs; i++) {
         int32_t owner = e->owner_step[i];
         if (owner == OWNER_COLLECTIVE) return 1;
-        if ((owner == OWNER_CHECK_RECV || owner == OWNER_CHECK_PIECE) && e->owner_run[i]->kind == KIND_FUSED_HALVING) return 1;
+        if ((owner == OWNER_CHECK_RECV || owner == OWNER_CHECK_PIECE) && FUSED(e->owner_run[i]->kind)) return 1;
     }
     return 0;
 }
