@@ -314,14 +314,19 @@ static void completed(EngineObject *e, int n, int in_status) {
 #define COLL_SLEEP_MAX_NS 50000L
 
 /* MPI's nonblocking allreduce, or a call fused with its check: a chain of rounds, each
-   waiting on one message, that a nap would delay round by round (docs/algorithms.md) */
+   waiting on one message, that a nap would delay round by round (docs/algorithms.md). A fused
+   call counts only while no schedule's messages are posted: those complete every segment, so the
+   usual naps stay short, and a small fused call beside them (the Horovod plugin's metadata
+   allreduce) must not keep the wait polling through a whole transfer. */
 static int chain_posted(const EngineObject *e) {
+    int fused = 0, steps = 0;
     for (int i = 0; i < e->nreqs; i++) {
         int32_t owner = e->owner_step[i];
         if (owner == OWNER_COLLECTIVE) return 1;
-        if ((owner == OWNER_CHECK_RECV || owner == OWNER_CHECK_PIECE) && FUSED(e->owner_run[i]->kind)) return 1;
+        if (owner >= 0) steps = 1;   /* a schedule's step */
+        else if ((owner == OWNER_CHECK_RECV || owner == OWNER_CHECK_PIECE) && FUSED(e->owner_run[i]->kind)) fused = 1;
     }
-    return 0;
+    return fused && !steps;
 }
 
 /* Block (or test once) until `until` is done, or with until NULL until any run finishes or
