@@ -313,11 +313,9 @@ static void completed(EngineObject *e, int n, int in_status) {
 #define COLL_SHORT_NAP_FACTOR 100
 #define COLL_SLEEP_MAX_NS 50000L
 
-/* MPI's nonblocking allreduce, or a call fused with its check: a chain of rounds, each
-   waiting on one message, that a nap would delay round by round (docs/algorithms.md). A fused
-   call counts only while no schedule's messages are posted: those complete every segment, so the
-   usual naps stay short, and a small fused call beside them (the Horovod plugin's metadata
-   allreduce) must not keep the wait polling through a whole transfer. */
+/* MPI's nonblocking allreduce, or a call fused with its check: rounds of one message each, that
+   naps would delay round by round; a fused call only while no schedule's segments are posted (they
+   keep naps short), so the plugin's metadata allreduce beside a bucket does not keep it polling. */
 static int chain_posted(const EngineObject *e) {
     int fused = 0, steps = 0;
     for (int i = 0; i < e->nreqs; i++) {
