@@ -162,9 +162,9 @@ def resolve(config: Config, nbytes: int, itemsize: int,
         one_sync = nbytes <= min(config.one_sync_bytes, small_slot)
         return "multicolor", Params(colors=nranks, hierarchical=True, depth=config.depth, shared=True,
                                     single_copy=single_copy and not one_sync, one_sync=one_sync)
+    halving_above = PAIR_HALVING_ABOVE_BYTES if nranks == 2 else HALVING_BETWEEN_BYTES[0]
     if (config.algorithm == "multicolor" and knobs_unset and hit is None and len(hosts) > 1
-            and max(HALVING_BETWEEN_BYTES[0], PAIR_HALVING_ABOVE_BYTES if nranks == 2 else 0) < nbytes
-            and nbytes <= HALVING_BETWEEN_BYTES[1]):
+            and halving_above < nbytes <= HALVING_BETWEEN_BYTES[1]):
         return "halving", Params(segment=0, depth=config.depth)
     if config.algorithm == "multicolor" and knobs_unset and hit is None and latency_bound(nbytes, nranks):
         return "doubling", Params(segment=0, depth=config.depth)

@@ -134,8 +134,8 @@ class _BucketedMethods:
             if p.grad is None:   # no gradient this step: reduce zeros, as Horovod does
                 p.grad = torch.zeros_like(p)
             grad = p.grad
-            if self._views and bucket.viewable[slot] and not grad.is_sparse and grad.is_contiguous() \
-                    and grad.data_ptr() == bucket.flat[offset:].data_ptr():
+            if self._views and bucket.viewable[slot] and not grad.is_sparse \
+                    and grad.data_ptr() == bucket.flat.data_ptr() + offset * bucket.flat.element_size():
                 continue         # still the bucket's view: accumulated in place, nothing to copy
             if grad.is_sparse:
                 if not self.sparse_as_dense:
