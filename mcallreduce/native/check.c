@@ -107,8 +107,8 @@ static char *exchange_message(EngineObject *e, run_t *r, const cstep_t *s, size_
     *total = body + (size_t)give * r->isz;
     memcpy(msg, r->cmine, body);
     ((int64_t *)msg)[0] = (int64_t)*total;
-    if (!r->msg_ready) memcpy(msg + body, data + give_off * (int64_t)r->isz, (size_t)give * r->isz);
-    r->msg_ready = 0;
+    if (s->bit == 0 || r->data_bad)   /* later, merge() reduced it there, unless it skipped the data */
+        memcpy(msg + body, data + give_off * (int64_t)r->isz, (size_t)give * r->isz);
     return msg;
 }
 
@@ -237,7 +237,6 @@ static void merge(EngineObject *e, run_t *r, const cstep_t *s) {
         fold(r, left, msg_data, own + give_at * (int64_t)r->isz, theirs_data + give_at * (int64_t)r->isz, give);
         fold(r, left, check_data(r) + (off + keep_at) * (int64_t)r->isz, own + keep_at * (int64_t)r->isz,
              theirs_data + keep_at * (int64_t)r->isz, keep);
-        r->msg_ready = 1;
     } else {
         fold(r, left, check_data(r) + off * (int64_t)r->isz, own, theirs_data, cnt);
     }
@@ -289,7 +288,6 @@ void start_check(EngineObject *e, run_t *r) {
     /* a fused halving rank that folds nothing in reads its first exchange from the user's buffer */
     r->from_buf = r->kind == KIND_FUSED_HALVING && r->pre == 1.0 && e->rank >= e->size - p2 && e->rank < p2 && p2 > 1;
     r->in_buf = 0;
-    r->msg_ready = 0;
     if (data_bytes && !r->from_buf) {   /* a copy: the user's buffer changes only once every rank agreed */
         memcpy(check_data(r), r->buf, data_bytes);
         scale_buffer(r->dtype, check_data(r), r->nelem, r->pre);

@@ -92,7 +92,6 @@ typedef struct run {
     int cstep, data_bad, received, meta_checked;
     int gather;                 /* a fused halving call: the allgather's exchanges, once agreed */
     int from_buf, in_buf;       /* its first exchange reads the user's buffer; its result is there */
-    int msg_ready;              /* a fused halving exchange's data was reduced straight into its message */
     char *cmine, *crecv;
     /* data before the check (early.c): posted, a message that did not fit, and after a mismatch
        the drain, and per peer whether its fence arrived */
