@@ -1,4 +1,4 @@
-"""Configuration: every ``MCALLREDUCE_*`` variable is read here, and only here.
+"""Configuration: the library's ``MCALLREDUCE_*`` variables are parsed here, and only here.
 
 | variable                     | values                         | default    |
 |------------------------------|--------------------------------|------------|
@@ -16,10 +16,11 @@
 | MCALLREDUCE_VERBOSE          | 0, 1                           | 0          |
 | MCALLREDUCE_RANKS_PER_HOST   | auto, or an integer >= 1       | auto       |
 | MCALLREDUCE_TUNING_FILE      | a tuning table (JSON), none    | built-in   |
+| MCALLREDUCE_POLL_US          | microseconds a wait polls      | 1000       |
 
-The Horovod plugin's four (functions at the end of this module, read when asked, because
-the startup hook decides before anything heavy is imported; this module and its parsers,
-:mod:`mcallreduce.envparse` and :mod:`mcallreduce.units`, import only the standard library):
+The Horovod plugin's (functions at the end of this module, read when asked: the startup hook's
+.pth file decides from ``MCALLREDUCE_HOROVOD`` and ``MCALLREDUCE_ALGORITHM`` before anything heavy
+is imported, so this module and its parsers import only the standard library):
 
 | variable                     | values                         | default    |
 |------------------------------|--------------------------------|------------|
@@ -27,18 +28,16 @@ the startup hook decides before anything heavy is imported; this module and its 
 | MCALLREDUCE_BUCKET_BYTES     | a size (25M, 4M)               | 25M        |
 | MCALLREDUCE_PROGRESS_THREAD  | auto, 1, 0                     | auto       |
 | MCALLREDUCE_GRADIENT_AS_BUCKET_VIEW | 1, 0                    | 0          |
+| MCALLREDUCE_TIMELINE         | a file (Chrome trace)          | HOROVOD_TIMELINE |
 
 the stall inspector's ``MCALLREDUCE_STALL_CHECK_TIME_SECONDS`` (60), ``MCALLREDUCE_STALL_CHECK_DISABLE``
 and ``MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS`` (each falling back to Horovod's ``HOROVOD_*``
 of the same name), and the data package's ``MCALLREDUCE_DATA_*`` variables (:data:`DATA_VARIABLES`, read through
-the :class:`data` namespace; docs/data.md lists them).
-
-Variables are read once, at first use (like Horovod's); a process that changes them later calls
-:func:`reload`. ``auto`` values are resolved per message size by :func:`mcallreduce.policy.resolve`
-(this module only parses). ``MCALLREDUCE_RANKS_PER_HOST`` groups consecutive ranks into virtual
-hosts instead of asking MPI which ranks share memory, to exercise the hierarchical schedules on one
-machine. ``MCALLREDUCE_TUNING_FILE`` names a table written by ``python -m mcallreduce.bench tune``,
-whose choices replace the built-in size table for every setting left on ``auto``.
+the :class:`data` namespace; docs/data.md lists them). Read once, at first use (like Horovod's); a
+process that changes them later calls :func:`reload`. ``auto`` values are resolved per message size by
+:func:`mcallreduce.policy.resolve` (this module only parses). ``MCALLREDUCE_RANKS_PER_HOST`` groups
+consecutive ranks into virtual hosts, to exercise the hierarchical schedules on one machine.
+``MCALLREDUCE_TUNING_FILE`` names a table written by ``python -m mcallreduce.bench tune`` (:mod:`mcallreduce.tuning`).
 """
 from __future__ import annotations
 
@@ -80,9 +79,9 @@ def inter_host_segment_bytes(environ: Optional[Mapping[str, str]] = None) -> int
 
 
 # On one host, multicolor reduces messages up to this size through a shared-memory window
-# (mcallreduce/shared.py) instead of point-to-point messages; the window holds p + 1 areas
-# of this size per communicator. Measured against messages on the 2-core VM (ahead up to
-# 8 MiB and beyond; the limit bounds the window): docs/benchmarks-history.md.
+# (native/shared_stage.c) instead of point-to-point messages; the window holds p + 1 areas
+# of this size per communicator, which the limit bounds (measured against messages:
+# docs/benchmarks-history.md, "Single host: 2 ranks, multicolor vs ring vs MPI_Allreduce").
 SHM_BYTES = 8 << 20
 
 # From this size the one-host stage reads and writes the peers' buffers directly (Linux CMA,
@@ -270,12 +269,9 @@ def bucket_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
     return size
 
 
-def progress_thread(ranks_on_host: int, environ: Optional[Mapping[str, str]] = None) -> bool:
-    """MCALLREDUCE_PROGRESS_THREAD: auto starts the thread only when the host has a core to
-    spare for it (more cores than ranks), since MPI's progress loop polls a core while
-    allreduces are in flight (an idle thread sleeps)."""
-    forced = parse_switch(PROGRESS_VARIABLE, _env(environ, PROGRESS_VARIABLE))
-    return (os.cpu_count() or 1) > ranks_on_host if forced is None else forced
+def progress_thread_setting(environ: Optional[Mapping[str, str]] = None) -> Optional[bool]:
+    """MCALLREDUCE_PROGRESS_THREAD: on or off, or None for auto (:func:`mcallreduce.policy.progress_thread`)."""
+    return parse_switch(PROGRESS_VARIABLE, _env(environ, PROGRESS_VARIABLE))
 
 
 def gradient_as_bucket_view(environ: Optional[Mapping[str, str]] = None) -> bool:

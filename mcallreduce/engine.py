@@ -36,22 +36,20 @@ from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tu
 import numpy as np
 
 from . import _executor
+from .lowering import EARLY_MAX_BYTES
 from .policy import FUSED_MAX_BYTES
 from .stall import StallInspector
 
 if TYPE_CHECKING:
     from .runtime import Context
 
-__all__ = ["TAG_SPAN", "MAX_SCHEDULE_TAGS", "EARLY_MAX_BYTES", "PROGRESS_THREAD_NAME", "PROGRESS_THREAD_OS_NAME", "Handle", "Engine"]
+__all__ = ["TAG_SPAN", "MAX_SCHEDULE_TAGS", "PROGRESS_THREAD_NAME", "PROGRESS_THREAD_OS_NAME", "Handle", "Engine"]
 
 TAG_SPAN = 1 << 20   # tags per allreduce: seq window w uses tags [w * TAG_SPAN, (w + 1) * TAG_SPAN)
 SYNC_TAG, CHECK_TAG = TAG_SPAN - 1, TAG_SPAN - 2  # a window's last tags: shared sync 2; the check's
-MAX_SCHEDULE_TAGS = TAG_SPAN - 64                 # steps use CHECK_TAG - step (at most 33); the rest
-                                                  # are the schedule's
+MAX_SCHEDULE_TAGS = TAG_SPAN - 64                 # steps use CHECK_TAG - step (2 + 2 log2(p) steps at
+                                                  # most, under 62); the rest are the schedule's
 EARLY_TAG = MAX_SCHEDULE_TAGS                     # a schedule's messages sent before its check
-#: an early message is at most this big on every rank, so an early receive of this capacity takes
-#: any, a disagreeing peer's too (Open MPI 4.1 writes a too-long message past a receive's end)
-EARLY_MAX_BYTES = 64 << 10
 ONE_PIECE = 1 << 30   # a check message's piece size that never splits it
 PROGRESS_THREAD_NAME = "mcallreduce-progress"
 PROGRESS_THREAD_OS_NAME = "mcallreduce"   # what top -H, ps -L and /proc show (Linux keeps 15 bytes)

@@ -32,7 +32,11 @@ import numpy as np
 
 from .schedule import Op, RankProgram, Schedule, Step
 
-__all__ = ["COLUMNS", "Lowered", "early_steps", "lower", "phases", "with_done_messages"]
+#: an early message is at most this big on every rank, so an early receive of this capacity takes
+#: any, a disagreeing peer's too (Open MPI 4.1 writes a too-long message past a receive's end)
+EARLY_MAX_BYTES = 64 << 10
+
+__all__ = ["COLUMNS", "EARLY_MAX_BYTES", "Lowered", "early_steps", "lower", "phases", "with_done_messages"]
 
 COLUMNS = ("op", "peer", "offset", "count", "scratch", "tag", "ndeps", "incoming_left", "color", "phase", "early")
 REDUCING, BROADCASTING = 0, 1

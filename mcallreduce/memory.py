@@ -2,7 +2,7 @@
 
 ``as_array`` turns a numpy array or CPU torch tensor into a zero-copy 1-D view and rejects
 what the executor cannot reduce; :class:`SharedWindow` is the MPI shared-memory window of a
-single-host communicator that the one-host stage (mcallreduce/shared.py) runs in.
+single-host communicator that the one-host stage (native/shared_stage.c) runs in.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import shared as _shared
+from . import shared_stage as _stage
 from .hostlayout import all_on_one_host
 from .metadata import DTYPE_CODE, DTYPES
 
@@ -52,7 +52,7 @@ def as_array(buf: Any) -> np.ndarray:
 
 class SharedWindow:
     """The MPI shared-memory window of a single-host communicator: p slots and a result area,
-    then 2p small slots for the stage's one-sync calls (mcallreduce/shared.py).
+    then 2p small slots for the stage's one-sync calls (native/shared_stage.c).
 
     Created collectively with the library's duplicate of the communicator, kept for the
     life of the process, freed at exit (before mpi4py finalizes MPI). The window is
@@ -62,9 +62,9 @@ class SharedWindow:
 
     def __init__(self, comm: MPI.Comm, slot_bytes: int, small_bytes: int = 0):
         self.nranks, self.rank = comm.Get_size(), comm.Get_rank()
-        self.slot_bytes = -(-slot_bytes // _shared.ALIGN) * _shared.ALIGN
-        self.small_bytes = -(-min(small_bytes, slot_bytes) // _shared.ALIGN) * _shared.ALIGN
-        total = _shared.areas(self.nranks) * self.slot_bytes + _shared.small_areas(self.nranks) * self.small_bytes
+        self.slot_bytes = -(-slot_bytes // _stage.ALIGN) * _stage.ALIGN
+        self.small_bytes = -(-min(small_bytes, slot_bytes) // _stage.ALIGN) * _stage.ALIGN
+        total = _stage.areas(self.nranks) * self.slot_bytes + _stage.small_areas(self.nranks) * self.small_bytes
         # rank 0 allocates the whole window, so the slots are one contiguous mapping
         self.win = MPI.Win.Allocate_shared(total if self.rank == 0 else 0, 1, comm=comm)
         base, _ = self.win.Shared_query(0)

@@ -1,21 +1,23 @@
 """The selection policy: which algorithm and schedule parameters run one allreduce.
 
 ``resolve(config, nbytes, itemsize, hosts)`` turns the user's settings (``auto`` left
-as None by :mod:`mcallreduce.config`) into a concrete algorithm and :class:`Params`,
-from a tuning table when one is configured (``MCALLREDUCE_TUNING_FILE``; its rows measured
-with nonblocking calls decide ``allreduce_async``'s, where it has them), else from
-the built-in size table below. Pure Python, no MPI: tests check its choices directly.
+as None by :mod:`mcallreduce.config`) into a concrete algorithm and :class:`Params`. ``multicolor``
+follows a tuning table (:mod:`mcallreduce.tuning`): ``MCALLREDUCE_TUNING_FILE`` when set, else the
+built-in measured one, and none with ``MCALLREDUCE_TUNING_FILE=none``; its rows measured with
+nonblocking calls decide ``allreduce_async``'s, where it has them. Where the table has no rows for
+the layout, or is off, the size rules below decide. Pure Python, no MPI: tests check its choices directly.
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional, Sequence, Tuple
+import os
+from typing import Mapping, Optional, Sequence, Tuple
 
 from .algorithms import Params
-from .config import ALGORITHMS, MPI_ALGORITHMS, ROUTES, Config
+from .config import ALGORITHMS, MPI_ALGORITHMS, ROUTES, Config, progress_thread_setting
+from .tuning import BUILTIN_TABLE, has_nonblocking_rows, lookup
 
 __all__ = ["ALGORITHMS", "ROUTES", "FUSED_MAX_BYTES", "fused_with_check", "resolve", "measured_nonblocking", "default_colors",
-           "latency_bound"]
+           "latency_bound", "progress_thread"]
 
 #: a ``doubling`` or ``halving`` call up to this size travels with its metadata check
 #: (native/check.c): its data is reduced along the check's own exchanges, one latency for both
@@ -33,8 +35,8 @@ def fused_with_check(algorithm: str, nbytes: int) -> bool:
 SMALL_BYTES = 16 << 10     # <= this: one color, no pipelining
 MEDIUM_BYTES = 256 << 10   # <= this: two colors, no pipelining
 SEGMENT_BYTES = 256 << 10  # pipeline segment for large messages
-PIPELINE_MIN_SEGMENTS = 4  # pipeline a color only if it gets at least this many segments:
-                           # fewer adds messages without overlapping much (measured at 1 MiB)
+PIPELINE_MIN_SEGMENTS = 4  # pipeline a color only if it gets at least this many segments: fewer adds
+                           # messages without overlapping much (docs/algorithms.md, "Defaults by message size")
 STAR_MAX_HOSTS = 8         # up to this many hosts, one color per host (direct reduce-scatter)
 # From 256 KiB the colors cross hosts on rings, not trees (route "ring", one ring per local
 # rank): the same bytes per NIC, but each host sends to one neighbour, one way, which kept
@@ -45,8 +47,8 @@ RING_ROUTE_MAX_HOSTS = 8   # measured up to 8 hosts; beyond, the ring's 2(N-1) h
 # The latency regime of the multicolor family: log2(p) exchanges of the whole message
 # (algorithms/doubling.py) instead of a reduce up a tree and a broadcast down it
 # (2 log2(p) message latencies). Two ranks exchange n bytes each way either way, so
-# for a pair doubling saves a round trip and costs twice the reduction work: measured
-# faster up to 256 KiB, slower from 1 MiB (docs/algorithms.md).
+# for a pair doubling saves a round trip and costs twice the reduction work, which pays
+# only for small messages (measured: docs/algorithms.md, "doubling").
 DOUBLING_BYTES = SMALL_BYTES
 DOUBLING_PAIR_BYTES = 256 << 10
 # Across hosts, above the latency regime and up to the fused limit, halving fused with its check
@@ -67,11 +69,6 @@ def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
     return max(2, max_local)
 
 
-#: the built-in table: measured on this project's development machine with
-#: ``python -m mcallreduce.bench tune --measure`` (docs/benchmarks.md, "Commands")
-BUILTIN_TABLE = str(Path(__file__).with_name("tuning-measured.json"))
-
-
 def _table_path(config: Config) -> Optional[str]:
     """The tuning table that multicolor's ``auto`` follows: the configured one, else the built-in
     measured one; None where no table applies."""
@@ -87,7 +84,6 @@ def _tuned(config: Config, hosts: Sequence[Sequence[int]], nbytes: int,
     path = _table_path(config)
     if path is None:
         return None
-    from .sim.tuner import lookup   # pure Python (no MPI)
     return lookup(hosts, nbytes, itemsize, path=path, nonblocking=nonblocking)
 
 
@@ -95,7 +91,6 @@ def measured_nonblocking(config: Config, hosts: Sequence[Sequence[int]]) -> bool
     """Whether a nonblocking call's table pick comes from rows measured with nonblocking calls
     (so that a pick of MPI's allreduce was timed as ``MPI_Iallreduce``)."""
     path = _table_path(config)
-    from .sim.tuner import has_nonblocking_rows
     return path is not None and has_nonblocking_rows(hosts, path=path)
 
 
@@ -196,3 +191,12 @@ def resolve(config: Config, nbytes: int, itemsize: int,
         return config.algorithm, Params(segment=segment, depth=config.depth)
     return config.algorithm, Params(colors=colors, segment=segment, fanout=config.fanout,
                                     hierarchical=hierarchical, depth=config.depth, route=route)
+
+
+def progress_thread(ranks_on_host: int, environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether the Horovod plugin and the DDP hook start the progress thread: as
+    ``MCALLREDUCE_PROGRESS_THREAD`` says, and on ``auto`` only where the host has a core to spare
+    for it (more cores than ranks), since MPI's progress loop polls a core while allreduces are
+    in flight (an idle thread sleeps)."""
+    forced = progress_thread_setting(environ)
+    return (os.cpu_count() or 1) > ranks_on_host if forced is None else forced

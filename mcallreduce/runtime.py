@@ -22,9 +22,9 @@ from . import _executor, hostlayout, mpit
 from . import config as _config
 from .algorithms import build_schedule
 from .config import MPI_ALGORITHMS, Config, ConfigError
-from .engine import EARLY_MAX_BYTES, MAX_SCHEDULE_TAGS, TAG_SPAN, Engine, Handle
+from .engine import MAX_SCHEDULE_TAGS, TAG_SPAN, Engine, Handle
 from .gpu import Staging, StagingError, is_gpu_buffer
-from .lowering import early_steps, lower
+from .lowering import EARLY_MAX_BYTES, early_steps, lower
 from .memory import SharedWindow, as_array
 from .metadata import DTYPE_CODE, DTYPES, FIELDS, OP_CODE, REJECT_BUFFER, REJECT_CONFIG, mismatch, vector
 from .policy import ALGORITHMS, ROUTES, fused_with_check, measured_nonblocking, resolve
@@ -36,7 +36,7 @@ OPS = tuple(OP_CODE)   # sum, average, min, max, product
 _ALGO_CODE = {name: i + 1 for i, name in enumerate(ALGORITHMS)}
 _ROUTE_CODE = {name: i + 1 for i, name in enumerate(ROUTES)}
 #: the metadata check's stage field, by the plan's kind (0: no one-host stage)
-_FUSED_KINDS = (_executor.KIND_FUSED, _executor.KIND_FUSED_HALVING)
+_FUSED_KINDS = (_executor.KIND_FUSED_DOUBLING, _executor.KIND_FUSED_HALVING)
 _STAGE_CODE = {_executor.KIND_SHARED: 1, _executor.KIND_SINGLE_COPY: 2, _executor.KIND_SHARED_ONE_SYNC: 3}
 _MAX_MESSAGE_BYTES = (1 << 31) - 1   # the executor posts byte counts as C ints
 
@@ -58,7 +58,7 @@ class Context:
         self.size = comm.Get_size()
         self.config = config     # the environment when the context was made
         self.hosts = hostlayout.hosts(comm, config.ranks_per_host)
-        # one host: multicolor's local stages through shared memory (mcallreduce/shared.py)
+        # one host: multicolor's local stages through shared memory (native/shared_stage.c)
         self.shared = (SharedWindow.create(self.comm, config.shm_bytes, config.one_sync_bytes)
                        if len(self.hosts) == 1 else None)
         # TAG_UB is an attribute of COMM_WORLD only (MPI-3.1 §8.1.2); Split comms lack it.
@@ -176,7 +176,7 @@ class Plan:
             self.kind = _executor.KIND_SHARED
         elif fused_with_check(self.algorithm, nelem * dtype.itemsize):
             # reduced along its own metadata check, which then costs nothing: check or not, the fastest path
-            self.kind = _executor.KIND_FUSED if self.algorithm == "doubling" else _executor.KIND_FUSED_HALVING
+            self.kind = _executor.KIND_FUSED_DOUBLING if self.algorithm == "doubling" else _executor.KIND_FUSED_HALVING
         elif self.algorithm in MPI_ALGORITHMS:
             if not mpi_type:
                 raise TypeError(f"mcallreduce: algorithm {self.algorithm!r} cannot reduce float16 (MPI has no such "

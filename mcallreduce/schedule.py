@@ -6,7 +6,7 @@ names the earlier steps of the same rank it must wait for (``deps``), so one
 schedule can be executed by three engines that agree by construction:
 
 * ``mcallreduce.runtime``  posts the steps as nonblocking MPI point-to-point calls,
-* ``mcallreduce.executor`` plays them in-process over p virtual ranks (tests),
+* ``mcallreduce.inprocess`` plays them in-process over p virtual ranks (tests),
 * ``mcallreduce.sim``      times them on a modelled network (cost model).
 
 Algorithms never write steps or dependencies by hand. They call

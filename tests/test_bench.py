@@ -163,3 +163,13 @@ def test_whole_job_benchmarks_alternate_their_arms_round_by_round():
         (0, "gloo"), (0, "hook"), (0, "backend"), (1, "backend"), (1, "hook"), (1, "gloo"),
         (2, "gloo"), (2, "hook"), (2, "backend")]
     assert list(alternated(["a"], 0)) == []
+
+
+def test_interleaved_arms_follow_every_other_arm_equally_often():
+    from collections import Counter
+    from mcallreduce.bench.timing import carryover_balanced
+    for n in range(2, 8):
+        orders = carryover_balanced(n)
+        assert all(sorted(order) == list(range(n)) for order in orders)
+        follows = Counter((order[i], order[i + 1]) for order in orders for i in range(n - 1))
+        assert len(follows) == n * (n - 1) and len(set(follows.values())) == 1, (n, follows)

@@ -222,8 +222,9 @@ def test_horovod_and_data_variables():
                                   "MCALLREDUCE_STALL_CHECK_TIME_SECONDS": "2"}) == 2
     assert c.stall_check_seconds({"HOROVOD_STALL_CHECK_DISABLE": "1"}) is None
     assert c.stall_shutdown_seconds({}) is None and c.stall_shutdown_seconds({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "9"}) == 9
-    assert c.progress_thread(1, {"MCALLREDUCE_PROGRESS_THREAD": "1"}) is True
-    assert c.progress_thread(1, {"MCALLREDUCE_PROGRESS_THREAD": "0"}) is False
+    assert c.progress_thread_setting({"MCALLREDUCE_PROGRESS_THREAD": "1"}) is True
+    assert c.progress_thread_setting({"MCALLREDUCE_PROGRESS_THREAD": "0"}) is False
+    assert c.progress_thread_setting({}) is None
     assert c.gradient_as_bucket_view({}) is False
     assert c.gradient_as_bucket_view({"MCALLREDUCE_GRADIENT_AS_BUCKET_VIEW": "1"}) is True
     for fn, env in [(c.horovod_switch, {"MCALLREDUCE_HOROVOD": "maybe"}),
@@ -235,7 +236,7 @@ def test_horovod_and_data_variables():
         with pytest.raises(ConfigError, match=next(iter(env))):
             fn(env)
     with pytest.raises(ConfigError, match="MCALLREDUCE_PROGRESS_THREAD"):
-        c.progress_thread(1, {"MCALLREDUCE_PROGRESS_THREAD": "2"})
+        c.progress_thread_setting({"MCALLREDUCE_PROGRESS_THREAD": "2"})
     assert c.parse_size("1.5G") == 3 << 29 and c.parse_size("2T") == 2 << 40
 
 

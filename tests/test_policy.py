@@ -125,3 +125,12 @@ def test_nonblocking_calls_follow_the_rows_measured_with_them(tmp_path):
     assert not measured_nonblocking(Config(tuning_file=str(both)), [[0, 1]])
     assert not measured_nonblocking(Config(algorithm="ring", tuning_file=str(both)), hosts)
     assert not measured_nonblocking(Config(tuning_file="none"), hosts)
+
+
+def test_progress_thread_on_auto_only_where_the_host_has_a_core_to_spare():
+    import os
+    from mcallreduce.policy import progress_thread
+    cores = os.cpu_count() or 1
+    assert progress_thread(cores, {}) is False and progress_thread(cores - 1, {}) is (cores > 1)
+    assert progress_thread(cores, {"MCALLREDUCE_PROGRESS_THREAD": "1"}) is True
+    assert progress_thread(1, {"MCALLREDUCE_PROGRESS_THREAD": "0"}) is False

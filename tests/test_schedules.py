@@ -4,7 +4,7 @@ import pytest
 
 from mcallreduce.algorithms import Params, build_multicolor, build_ring, build_schedule
 from mcallreduce.algorithms.trees import color_trees
-from mcallreduce.executor import DeadlockError, execute
+from mcallreduce.inprocess import DeadlockError, execute
 from mcallreduce.lowering import BROADCASTING, COLUMNS, REDUCING, early_steps, lower, phases, with_done_messages
 from mcallreduce.schedule import Builder, Op, Schedule, RankProgram, Step, check_schedule
 

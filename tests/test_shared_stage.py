@@ -1,13 +1,14 @@
-"""The single-host shared-memory stage (mcallreduce/shared.py) over p virtual ranks in-process.
+"""The single-host shared-memory stage (mcallreduce/shared_stage.py) over p virtual ranks in-process.
 
-The runtime runs these very functions on an MPI shared-memory window; here the window
-is one numpy array and the three steps run rank after rank, with the syncs between.
+The runtime runs the same sequence in C (native/shared_stage.c) on an MPI shared-memory
+window; here the window is one numpy array and the three steps run rank after rank, with
+the syncs between.
 """
 import numpy as np
 import pytest
 
-from mcallreduce import shared
-from mcallreduce.shared import scale_   # the runtime's (mcallreduce.runtime itself imports mpi4py.MPI)
+from mcallreduce import shared_stage as shared
+from mcallreduce.shared_stage import scale_
 
 DTYPES = (np.float16, np.float32, np.float64, np.int32, np.int64)
 

@@ -4,8 +4,9 @@ import json
 import numpy as np
 import pytest
 
+from mcallreduce import tuning
 from mcallreduce.algorithms import Params, build_schedule
-from mcallreduce.executor import execute
+from mcallreduce.inprocess import execute
 from mcallreduce.schedule import Builder, check_schedule
 from mcallreduce.sim.calibrate import fit, fit_line, fit_overhead
 from mcallreduce.sim.model import ClusterModel, emulated, link_bytes_per_s, paper
@@ -271,10 +272,10 @@ def test_tuning_table_lookup(tmp_path):
         {"size_bytes": 4096, "colors": 1, "segment_bytes": 0, "hierarchical": True},
         {"size_bytes": 1 << 20, "colors": 4, "segment_bytes": 262144, "hierarchical": False}]}}))
     hosts = [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert tuner.lookup(hosts, 100, 4, str(path)) == ("multicolor", Params(colors=1, segment=0, hierarchical=True))
-    assert tuner.lookup(hosts, 64 << 20, 4, str(path)) == (
+    assert tuning.lookup(hosts, 100, 4, str(path)) == ("multicolor", Params(colors=1, segment=0, hierarchical=True))
+    assert tuning.lookup(hosts, 64 << 20, 4, str(path)) == (
         "multicolor", Params(colors=4, segment=65536, hierarchical=False))
-    assert tuner.lookup(flat(4), 100, 4, str(path)) is None
+    assert tuning.lookup(flat(4), 100, 4, str(path)) is None
 
 
 def test_report_splices_only_its_section_and_checks_goals(tmp_path):
@@ -306,7 +307,7 @@ def test_tune_cli_writes_the_table(tmp_path, capsys):
     tables = json.loads(out.read_text())["tables"]
     assert set(tables) == {"2h1r", "2h2r"} and [r["size_bytes"] for r in tables["2h2r"]] == [4096, 262144]
     assert "vs ring" in capsys.readouterr().out
-    assert tuner.lookup([[0, 1], [2, 3]], 5000, 4, str(out))[0] == "multicolor"
+    assert tuning.lookup([[0, 1], [2, 3]], 5000, 4, str(out))[0] == "multicolor"
 
 
 def test_report_from_saved_measurements(tmp_path):
@@ -352,3 +353,14 @@ def test_a_doubling_call_reduced_along_its_check_is_not_charged_the_check_twice(
     assert fused == predict("multicolor", model, 8 << 10, check=False)
     big = FUSED_MAX_BYTES * 4
     assert predict("doubling", model, big, params=Params()) > predict("doubling", model, big, params=Params(), check=False)
+
+
+def test_the_check_gates_every_step_but_the_early_ones():
+    from mcallreduce.lowering import EARLY_MAX_BYTES, early_steps
+    model = emulated(4, 1, "200mbit")
+    schedule = build_schedule("ring", model.layout(), (1 << 20) // 4, Params(segment=15360))
+    early = [early_steps(schedule, r, EARLY_MAX_BYTES // 4) for r in range(4)]
+    assert all(early)   # a ring's first segments wait for nothing
+    plain, check = simulate(schedule, model).time, 10e-3   # longer than a first segment takes
+    assert simulate(schedule, model, gate=check).time == pytest.approx(plain + check)   # nothing early: all wait
+    assert plain < simulate(schedule, model, gate=check, early=early).time < plain + check

@@ -31,7 +31,7 @@ class Params:
     hierarchical: bool = True    # multicolor: reduce inside hosts first
     depth: int = 4               # scratch slots per (peer, color, lane): segments in flight
     shared: bool = False         # multicolor on one host through a shared-memory window
-                                 # (mcallreduce/shared.py): no schedule, no messages but syncs
+                                 # (native/shared_stage.c): no schedule, no messages but syncs
     single_copy: bool = False    # that stage reading and writing the peers' buffers directly
     one_sync: bool = False       # that stage synchronising once: every rank reduces the whole buffer
     route: str = "tree"          # multicolor: how a color crosses hosts, "tree" or "ring"

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Optional
 
-__all__ = ["ClusterError", "say", "tbf_options", "sh", "require_root", "namespaces", "links",
+__all__ = ["ClusterError", "say", "tbf_burst_bytes", "tbf_options", "sh", "require_root", "namespaces", "links",
            "root_namespace_networks"]
 
 
@@ -24,16 +24,19 @@ def say(message: str) -> None:
 
 
 # ---------------------------------------------------------------- rates and tbf
-def tbf_options(rate_bits: int) -> list[str]:
-    """tc tbf arguments for ``rate_bits``.
+def tbf_burst_bytes(rate_bytes: float) -> int:
+    """The shaper's bucket: it must hold what arrives between two timer ticks and a whole 64 KiB
+    GSO segment (veth does TSO), or tbf caps TCP well below the rate; 5 ms of rate, at least 128 KiB."""
+    return max(int(rate_bytes * 0.005), 128 * 1024)
 
-    burst: the bucket must hold what arrives between two timer ticks and a whole 64 KiB
-    GSO segment (veth does TSO), or tbf caps TCP well below the rate; 5 ms of rate, at least
-    128 KiB. limit (queue): 50 ms of rate, at least 1 MiB, so TCP bursts queue rather than
-    drop (veth has no delay, so a deeper queue costs latency only under load).
+
+def tbf_options(rate_bits: int) -> list[str]:
+    """tc tbf arguments for ``rate_bits``: the burst of :func:`tbf_burst_bytes`, and a queue
+    (limit) of 50 ms of rate, at least 1 MiB, so TCP bursts queue rather than drop (veth has
+    no delay, so a deeper queue costs latency only under load).
     """
     rate_bytes = rate_bits / 8
-    burst = max(int(rate_bytes * 0.005), 128 * 1024)
+    burst = tbf_burst_bytes(rate_bytes)
     limit = burst + max(int(rate_bytes * 0.050), 1024 * 1024)
     return ["rate", f"{rate_bits}bit", "burst", str(burst), "limit", str(limit)]
 

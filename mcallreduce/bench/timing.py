@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import resource
 import time
-from typing import Callable, Iterator, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["alternated", "cpu_seconds", "iterations", "interleaved"]
+__all__ = ["alternated", "carryover_balanced", "cpu_seconds", "iterations", "interleaved"]
 
 
 def cpu_seconds() -> float:
@@ -29,21 +29,36 @@ def iterations(comm, arms: Sequence[Callable[[], None]], seconds: float, min_ite
     return int(min(cap, max(min_iters, seconds / max(one, 1e-6))))
 
 
+def carryover_balanced(n: int) -> List[List[int]]:
+    """Orders of ``n`` arms in which every arm directly follows every other arm equally often: a
+    Williams design, ``n`` orders for an even ``n`` and ``2n`` for an odd one."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:   # 0, 1, n-1, 2, n-2, ...
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    orders = [[(arm + shift) % n for arm in first] for shift in range(n)]
+    return orders + [order[::-1] for order in orders] if n % 2 else orders
+
+
 def interleaved(comm, arms: Sequence[Callable[[], None]], iters: int,
                 reset: Optional[Callable[[], None]] = None) -> Tuple[np.ndarray, np.ndarray]:
     """Run ``arms`` alternated call by call so that all of them meet the same background load,
-    in a new order every iteration (the same on every rank): an arm's time depends on the one
-    before it (what that call left in the caches and MPI's progress state), and in a fixed or
-    rotated order every arm would always follow the same one.
+    in the orders of :func:`carryover_balanced`, one an iteration: an arm's time depends on the
+    one before it (what that call left in the caches, MPI's progress state and a shaped link's
+    token bucket), so each arm follows every other equally often. (A seeded random order gives
+    every job the same predecessors, and so the same bias.)
 
     Returns (the slowest rank's seconds, this rank's CPU seconds), each ``iters x len(arms)``.
     ``reset`` runs before each call, outside the timed span (refilling the buffer, say)."""
     from mpi4py import MPI
     times = np.empty((iters, len(arms)))
     cpu = np.empty_like(times)
-    orders = np.random.default_rng(0)
+    orders = carryover_balanced(len(arms))
     for i in range(iters):
-        for j in orders.permutation(len(arms)):
+        for j in orders[i % len(orders)]:
             arm = arms[j]
             if reset is not None:
                 reset()

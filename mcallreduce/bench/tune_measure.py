@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..sim.tuner import NONBLOCKING_SECTION, layout_name
+from ..tuning import NONBLOCKING_SECTION, layout_name
 from ..units import format_size, parse_size
 from .output import command, write_json
 from .timing import interleaved, iterations

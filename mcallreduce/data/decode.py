@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 import numpy as np
 from PIL import Image
 
-from ..config import data as config
+from ..config import data as settings
 from . import jpeg
 from .crop_boxes import Box
 from .resize import pixel_box, crop_resize, resizer_name
@@ -29,7 +29,7 @@ DECODERS = ("turbo", "simplejpeg", "pil")
 
 def decoder_name(decoder: Optional[str] = None) -> str:
     """``auto`` (default): ``turbo`` when its extension imports, else ``simplejpeg``, else ``pil``."""
-    name = decoder or config.decoder()
+    name = decoder or settings.decoder()
     if name == "auto":
         name = "turbo" if jpeg.available else "simplejpeg" if simplejpeg is not None else "pil"
     if name not in DECODERS:

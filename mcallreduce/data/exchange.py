@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import data as config
+from ..config import data as settings
 from .store import ImageStore, MemoryBudgetError, check_memory_budget
 
 
@@ -59,7 +59,7 @@ def make_plan(store: ImageStore, assignment: np.ndarray, round_bytes: int) -> Pl
 
 def exchange_epoch(store: ImageStore, assignment: np.ndarray) -> Plan:
     """Collective over all ranks: fetch this rank's foreign samples for the epoch into the store's cache."""
-    plan = make_plan(store, assignment, config.exchange_round_bytes())
+    plan = make_plan(store, assignment, settings.exchange_round_bytes())
     world = store.world
     store.set_epoch_cache(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint8))  # free the last one
     if plan.total_bytes == 0:

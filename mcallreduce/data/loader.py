@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler, SequentialSampler, RandomSampler, default_collate
 
-from ..config import data as config
+from ..config import data as settings
 
 
 class ThreadedLoader:
@@ -35,7 +35,7 @@ class ThreadedLoader:
             raise ValueError("sampler and shuffle are mutually exclusive (as in DataLoader)")
         self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
         self.sampler = sampler or (RandomSampler(dataset) if shuffle else SequentialSampler(dataset))
-        self.num_threads = num_threads or config.threads()
+        self.num_threads = num_threads or settings.threads()
         self.prefetch = max(1, prefetch)
         self.collate_fn = collate_fn or collate
         self.batch_transform = batch_transform

@@ -6,7 +6,7 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from ..config import data as config
+from ..config import data as settings
 
 # Redraw interval in seconds: a terminal redraws often; a pipe (mpirun's stderr, a log) gets a line now and then.
 TERMINAL_INTERVAL_S, PIPE_INTERVAL_S = 0.1, 10.0
@@ -16,7 +16,7 @@ def wanted(show: Optional[bool] = None) -> bool:
     """``show`` wins; then MCALLREDUCE_DATA_PROGRESS; then on (callers pass False on all ranks but one)."""
     if show is not None:
         return show
-    setting = config.flag("PROGRESS")
+    setting = settings.flag("PROGRESS")
     return True if setting is None else setting
 
 

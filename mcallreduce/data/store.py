@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ..config import data as config
+from ..config import data as settings
 from ..units import format_bytes
 from . import world as world_mod
 from .format import StoreFile, read_ranges, scan_image_folder
@@ -58,7 +58,7 @@ def available_memory() -> Tuple[int, str]:
     if os.path.isdir("/dev/shm"):
         st = os.statvfs("/dev/shm")
         candidates.append((st.f_bavail * st.f_frsize, "free space in /dev/shm"))
-    cap = config.memory_limit()
+    cap = settings.memory_limit()
     if cap is not None:
         candidates.append((cap, "MCALLREDUCE_DATA_MEMORY_LIMIT"))
     return min(candidates)
@@ -67,11 +67,11 @@ def available_memory() -> Tuple[int, str]:
 def check_memory_budget(needed: int, what: str, suggestion: str) -> None:
     """Raise MemoryBudgetError before allocating ``needed`` bytes the host cannot spare."""
     available, source = available_memory()
-    usable = int(available * config.memory_fraction())
+    usable = int(available * settings.memory_fraction())
     if needed > usable:
         raise MemoryBudgetError(
             f"mcallreduce.data: {what} needs {format_bytes(needed)} ({needed:,} bytes) but only {format_bytes(usable)} "
-            f"may be used on this host ({config.memory_fraction():.0%} of {format_bytes(available)} available, "
+            f"may be used on this host ({settings.memory_fraction():.0%} of {format_bytes(available)} available, "
             f"limited by {source}). {suggestion}")
 
 
@@ -122,8 +122,8 @@ class ImageStore:
         fits in the memory budget, else split).
         """
         world = world_mod.current(num_replicas, rank, ranks_per_host)
-        return cls(os.fspath(source), world, partition or config.partition(),
-                   config.verify() if verify is None else verify, progress)
+        return cls(os.fspath(source), world, partition or settings.partition(),
+                   settings.verify() if verify is None else verify, progress)
 
     def __init__(self, source: str, world, partition: str, verify: bool, progress: Optional[bool]):
         if world.comm is None and world.layout.num_replicas > 1:

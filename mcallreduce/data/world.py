@@ -17,7 +17,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from .. import hostlayout
-from ..config import data as config
+from ..config import data as settings
 from ..launch import launched_by_mpirun
 
 
@@ -27,7 +27,7 @@ def mpi():
     'auto' means: launched by mpirun, or MPI already imported by the program
     (Horovod scripts import it first). A plain ``python`` run never calls MPI_Init.
     """
-    wanted = config.use_mpi()
+    wanted = settings.use_mpi()
     if wanted is False:
         return None
     if wanted is None and "mpi4py.MPI" not in sys.modules and not launched_by_mpirun():
@@ -143,7 +143,7 @@ def _torch_world() -> Tuple[int, int]:
 def current(num_replicas: Optional[int] = None, rank: Optional[int] = None,
             ranks_per_host: Optional[int] = None) -> World:
     """The world this process is in: from MPI when it is used, else from the arguments."""
-    ranks_per_host = ranks_per_host or config.ranks_per_host()
+    ranks_per_host = ranks_per_host or settings.ranks_per_host()
     MPI = mpi() if num_replicas is None or rank is None else None
     if MPI is None:
         if num_replicas is None or rank is None:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import config
+from .. import policy
 from .futures import future_for, reducible
 from .world import env_or_mpi_rendezvous, mpi_rendezvous, require_mpi_ranks
 
@@ -92,7 +92,7 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         self._allreduce_async = runtime.allreduce_async
         context = runtime.Context.get(self._comm)
         if progress_thread is None:
-            progress_thread = config.progress_thread(max(len(host) for host in context.hosts))
+            progress_thread = policy.progress_thread(max(len(host) for host in context.hosts))
         if progress_thread:
             runtime.start_progress_thread(self._comm)
         self._threaded = context.engine.threaded

@@ -20,7 +20,7 @@ from typing import Any, List, Optional
 import torch
 import torch.distributed as dist
 
-from .. import config
+from .. import policy
 from .futures import future_for, reducible
 from .world import check_matches_mpi
 
@@ -47,7 +47,7 @@ class MulticolorHookState:
         self._allreduce_async = runtime.allreduce_async
         context = runtime.Context.get(comm)   # collective: every rank registers its hook
         if progress_thread is None:
-            progress_thread = config.progress_thread(max(len(host) for host in context.hosts))
+            progress_thread = policy.progress_thread(max(len(host) for host in context.hosts))
         if progress_thread:
             runtime.start_progress_thread(comm)
         self.threaded = context.engine.threaded

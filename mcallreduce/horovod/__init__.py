@@ -1,6 +1,6 @@
 """Horovod plugin: Horovod's allreduces through mcallreduce's multi-color engine.
 
-Two ways in, both governed by environment variables (see :mod:`.state` and docs/horovod.md):
+Three ways in (the variables that switch each on: mcallreduce/config.py and docs/horovod.md):
 
 * zero code change: ``MCALLREDUCE_ALGORITHM=multicolor horovodrun -np 4 python train.py``;
   the startup hook (``mcallreduce-horovod.pth``) patches ``horovod.torch`` when it is imported;
@@ -11,7 +11,7 @@ Two ways in, both governed by environment variables (see :mod:`.state` and docs/
   at the same point (before or after ``hvd.init()``: after it, the import is collective).
 
 Nothing here imports torch, Horovod or mpi4py: the startup hook loads this package in every
-process where a MCALLREDUCE_* variable is set.
+process where ``MCALLREDUCE_HOROVOD`` or ``MCALLREDUCE_ALGORITHM`` is set.
 """
 from .state import stats, stock_horovod
 

@@ -13,11 +13,11 @@ import os
 import sys
 import warnings
 
-from .. import config
+from .. import config, policy
 from . import state, timeline
 from .bucketing import make_distributed_optimizer
 from .router import ROUTER
-from .routing import MpiLibProxy
+from .mpi_lib_proxy import MpiLibProxy
 
 
 def patch_horovod_torch(hvd, route_all: bool = True) -> None:
@@ -103,7 +103,7 @@ def _activate(hvd, comm_arg) -> None:
     settings = config.current()              # a bad MCALLREDUCE_* value raises here, clearly
     config.bucket_bytes()
     ctx = runtime.Context.get(comm)          # collective: every rank is inside hvd.init()
-    if config.progress_thread(max(len(host) for host in ctx.hosts)):
+    if policy.progress_thread(max(len(host) for host in ctx.hosts)):
         runtime.start_progress_thread(comm)
     atexit.register(_stop_progress)   # runs before Horovod's atexit shutdown (registered earlier)
     ROUTER.comm = comm

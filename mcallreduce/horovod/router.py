@@ -1,8 +1,8 @@
-"""The engine side of the plugin: routed handles, and the one Router that starts them and
+"""The plugin's routed allreduces: their handles, and the one Router that starts them and
 keeps those in flight under their handle numbers until Horovod's synchronize() clears them.
 
 Routed handles are negative ints, Horovod's own are positive, so poll/synchronize know where
-each handle belongs. The mpi_lib proxy (:mod:`.routing`), the optimizer's buckets
+each handle belongs. The mpi_lib proxy (:mod:`.mpi_lib_proxy`), the optimizer's buckets
 (:mod:`.bucketing`) and hvd.join() (:mod:`.join`) all start their allreduces here.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@
  * flight ("runs"), so waiting on one run progresses all the others: ranks that wait in
  * different orders cannot deadlock each other. A run goes through
  *
- *   check  -> the cross-rank metadata check (check.c), which a small doubling call rides;
+ *   check  -> the cross-rank metadata check (check.c), which a small doubling or halving call rides;
  *   body   -> a schedule (steps posted as Isend/Irecv as their dependencies complete, the
  *             reductions done inline), MPI's own allreduce (posted in call order), or the
  *             one-host shared-memory stage (publish, check, reduce a color, sync, collect);
@@ -154,7 +154,7 @@ void checked(EngineObject *e, run_t *r) {
     /* counted only once agreed, so every rank counts the same calls (shared_stage.c) */
     if (ONE_HOST_STAGE(r->kind)) e->stage_calls++;
     switch (r->kind) {
-    case KIND_FUSED: case KIND_FUSED_HALVING:   /* the data was reduced along the check: every rank agreed, so it is the result */
+    case KIND_FUSED_DOUBLING: case KIND_FUSED_HALVING:   /* the data was reduced along the check: every rank agreed, so it is the result */
         if (r->data_bad) { fail_run(e, r, "internal error: a fused call's data was not reduced", MPI_SUCCESS); return; }
         if (!r->in_buf) memcpy(r->buf, check_data(r), (size_t)(r->nelem * r->isz));
         finish(e, r, STATUS_OK);

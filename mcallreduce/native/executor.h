@@ -10,11 +10,11 @@
 #include "kernels.h"
 
 enum { STEP_SEND = 0, STEP_RECV = 1, STEP_RECV_SCRATCH = 2, STEP_REDUCE = 3 };
-enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KIND_FUSED = 4, KIND_SINGLE_COPY = 5,
+enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KIND_FUSED_DOUBLING = 4, KIND_SINGLE_COPY = 5,
        KIND_MPI_RING = 6, KIND_SHARED_ONE_SYNC = 7,
        KIND_FUSED_HALVING = 8 };
 /* reduced along the check's own messages (check.c): recursive doubling, or halving then an allgather */
-#define FUSED(kind) ((kind) == KIND_FUSED || (kind) == KIND_FUSED_HALVING)
+#define FUSED(kind) ((kind) == KIND_FUSED_DOUBLING || (kind) == KIND_FUSED_HALVING)
 /* the one-host stages: through the window's slots (two syncs, or one for small calls), or
    reading and writing the peers' buffers */
 #define ONE_HOST_STAGE(kind) ((kind) == KIND_SHARED || (kind) == KIND_SINGLE_COPY || (kind) == KIND_SHARED_ONE_SYNC)

@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional
 
+from ..bench.netns import tbf_burst_bytes
 from ..config import EAGER_HEADER_BYTES, EAGER_LIMIT_BYTES
 from ..units import parse_rate
 
@@ -131,7 +132,7 @@ def emulated(hosts: int, ranks_per_host: int = 1, rate: str = "200mbit", rails: 
         alpha=c["alpha"], intra_Bps=c["intra_Bps"], intra_alpha=c["intra_alpha"],
         overhead=c["overhead"], gamma=c["gamma"], cores=cores, polling=polling,
         eager_bytes=EAGER_LIMIT_BYTES - EAGER_HEADER_BYTES,   # Open MPI's TCP eager payload
-        burst_bytes=max(int(link_bytes_per_s(rate) * 0.005), 128 * 1024), peak_Bps=c["peak_Bps"],
+        burst_bytes=tbf_burst_bytes(link_bytes_per_s(rate)), peak_Bps=c["peak_Bps"],
         duplex=c["duplex"], duplex_small=c.get("duplex_small", c["duplex"]),
         duplex_eager=c.get("duplex_eager", 1.0),
         mpi_overhead=c.get("mpi_overhead", 2e-6),

@@ -4,9 +4,10 @@
 with :func:`mcallreduce.policy.resolve` (as the runtime does for an environment without
 ``MCALLREDUCE_*`` overrides) unless ``params`` is given, build the runtime's schedule
 and play it; with ``check`` (the runtime's default) the metadata check, a
-recursive doubling of :data:`mcallreduce.metadata.VECTOR_BYTES` before the schedule starts, is added,
-except to a doubling call small enough to be reduced along its own check. A schedule's early
-messages overlap the check (native/early.c), so for those the added check is an upper bound. "mpi" is Open MPI 4.1's default
+recursive doubling of :data:`mcallreduce.metadata.VECTOR_BYTES`, gates every step but the schedule's
+early ones, which travel with it (native/early.c); a doubling or halving call small enough to be
+reduced along its own check (:func:`mcallreduce.policy.fused_with_check`) has no check of its own,
+and MPI's own allreduce runs after it. "mpi" is Open MPI 4.1's default
 decision (see :mod:`.mpi_models`), "mpi-ring" its ring (algorithm 4); "horovod" is
 stock Horovod's CPU path, which is MPI_Allreduce on the fused buffer: "mpi".
 """
@@ -17,6 +18,7 @@ from typing import Optional, Tuple
 
 from ..algorithms import SCHEDULED, Params, build_schedule
 from ..config import ALGORITHMS as RUNTIME_ALGORITHMS
+from ..lowering import EARLY_MAX_BYTES, early_steps
 from ..metadata import VECTOR_BYTES
 from ..policy import fused_with_check
 from ..schedule import Schedule
@@ -53,11 +55,17 @@ def schedule_for(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int
 
 
 @lru_cache(maxsize=4096)
-def _time(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int, params: Optional[Params]) -> float:
+def _time(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int, params: Optional[Params],
+          gate: float = 0.0) -> float:
+    """Seconds per call, no step but the early ones before ``gate`` (the check's time)."""
     if algorithm not in SCHEDULED:     # MPI's collectives run in C, not in our engine
         model = model.with_(overhead=model.mpi_overhead)
+    schedule = schedule_for(algorithm, model, nbytes, itemsize, params)
+    early = None
+    if gate and algorithm in SCHEDULED:
+        early = [early_steps(schedule, r, EARLY_MAX_BYTES // itemsize) for r in range(schedule.nranks)]
     # back to back, as benchmarks and training steps call it: a shaped NIC's bucket does not refill
-    return simulate(schedule_for(algorithm, model, nbytes, itemsize, params), model, itemsize).steady_time
+    return simulate(schedule, model, itemsize, gate=gate, early=early).steady_time
 
 
 def predict(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,
@@ -66,11 +74,13 @@ def predict(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,
     asked = algorithm
     if algorithm in SCHEDULED and params is None:
         algorithm, params = runtime_choice(algorithm, model, int(nbytes), itemsize)
-    t = _time(algorithm, model, int(nbytes), itemsize, params)
-    # a fused call's data rides the check's messages
-    if check and asked in SCHEDULED and model.nranks > 1 and not fused_with_check(algorithm, nbytes):   # the runtime checks MPI's allreduce too
-        t += _time("mpi", model, CHECK_BYTES, 8, None)
-    return t
+    # a fused call's data rides the check's messages; the runtime checks MPI's allreduce too
+    if not (check and asked in SCHEDULED and model.nranks > 1) or fused_with_check(algorithm, nbytes):
+        return _time(algorithm, model, int(nbytes), itemsize, params)
+    gate = _time("mpi", model, CHECK_BYTES, 8, None)
+    if algorithm in SCHEDULED:
+        return _time(algorithm, model, int(nbytes), itemsize, params, gate)
+    return gate + _time(algorithm, model, int(nbytes), itemsize, params)
 
 
 def busbw(nbytes: int, seconds: float, nranks: int) -> float:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Collection, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import DeadlockError
 from ..schedule import Op, Schedule
@@ -63,8 +63,13 @@ class SimResult:
 
 
 def simulate(schedule: Schedule, model: ClusterModel, itemsize: int = 4,
-             trace_ports: bool = False) -> SimResult:
-    """Predicted completion time (seconds) of ``schedule`` on ``model``."""
+             trace_ports: bool = False, gate: float = 0.0,
+             early: Optional[Sequence[Collection[int]]] = None) -> SimResult:
+    """Predicted completion time (seconds) of ``schedule`` on ``model``.
+
+    ``gate``: no step starts before this time (the metadata check's), except each rank's steps in
+    ``early`` (:func:`mcallreduce.lowering.early_steps`), which travel with the check (native/early.c).
+    """
     m = model
     p = schedule.nranks
     if p != m.nranks:
@@ -121,7 +126,11 @@ def simulate(schedule: Schedule, model: ClusterModel, itemsize: int = 4,
         rank_free[r] = e
         return e
 
+    early_sets = [frozenset(e) for e in early] if early is not None else [frozenset()] * p
+
     def ready(r: int, j: int, t: float) -> None:
+        if t < gate and j not in early_sets[r]:
+            t = gate
         s = progs[r][j]
         dur = overhead + (gamma * s.count * itemsize if s.op == Op.REDUCE else 0.0)
         push(cpu(r, t, dur), _CPU_DONE, r, j)

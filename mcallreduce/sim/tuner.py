@@ -9,8 +9,7 @@ colors-by-size table (which was measured) and NCCL's tuner (which is a cost mode
 * :func:`best_params` -- the search for one size, ``(algorithm, Params)``; sizes are
   binned to powers of two and memoised (the runtime never searches: it reads a table);
 * :func:`table` -- the table for a layout and a list of sizes (``python -m mcallreduce.bench tune``);
-* :func:`lookup` -- a table's row for a layout and size, which :mod:`mcallreduce.policy` follows
-  (for nonblocking calls from the rows measured with them, where a measured table has them);
+  (:mod:`mcallreduce.tuning` reads it back for :mod:`mcallreduce.policy`);
 * :func:`default_model` -- the model for a layout: the calibration file
   (docs/data/calibration.json, or a path given) of the emulated cluster when present,
   else the built-in constants.
@@ -20,7 +19,6 @@ No ``MCALLREDUCE_*`` variable is read here (config.py reads them all): callers p
 from __future__ import annotations
 
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -30,15 +28,11 @@ from ..config import inter_host_segment_bytes
 from .model import ClusterModel, emulated
 from .predict import predict
 
-__all__ = ["SEGMENTS", "NONBLOCKING_SECTION", "candidates", "best_params", "table", "default_model",
-           "load_calibration", "lookup", "has_nonblocking_rows", "layout_name"]
+__all__ = ["SEGMENTS", "candidates", "best_params", "table", "default_model", "load_calibration"]
 
 SEGMENTS = (0, inter_host_segment_bytes(), 256 << 10, 1 << 20)   # 60 KiB: eager across hosts
 CALIBRATION_FILE = Path(__file__).resolve().parents[2] / "docs" / "data" / "calibration.json"
 TUNING_FILE = Path(__file__).resolve().parents[2] / "docs" / "data" / "tuning.json"
-#: a table's rows measured with nonblocking calls (``tune --measure --calls nonblocking``),
-#: beside the blocking ones under "tables"
-NONBLOCKING_SECTION = "nonblocking_tables"
 
 
 def load_calibration(path: Optional[str] = None) -> Optional[Dict]:
@@ -136,57 +130,3 @@ def table(model: ClusterModel, sizes: Sequence[int], itemsize: int = 4) -> List[
                      "ring_predicted_s": best_ring[0], "ring_segment_bytes": best_ring[1].segment * itemsize,
                      "speedup_vs_ring": best_ring[0] / t})
     return rows
-
-
-def _tables(path: str, section: str = "tables") -> Dict:
-    """A table file's section, read again once the file changes (``tune --measure --out`` the same
-    path): plans made after that follow the new table."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return {}
-    return _read_table(path, st.st_mtime_ns, st.st_size).get(section, {})
-
-
-@lru_cache(maxsize=8)
-def _read_table(path: str, mtime_ns: int, size: int) -> Dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def layout_name(hosts: Sequence[Sequence[int]]) -> str:
-    """A table's key for a layout: hosts x the most ranks on one host, as "4h2r"."""
-    return f"{len(hosts)}h{max(len(h) for h in hosts)}r"
-
-
-def has_nonblocking_rows(hosts: Sequence[Sequence[int]], path: Optional[str] = None) -> bool:
-    """Whether the table holds rows measured with nonblocking calls for this layout."""
-    return bool(_tables(path or str(TUNING_FILE), NONBLOCKING_SECTION).get(layout_name(hosts)))
-
-
-def lookup(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int = 4,
-           path: Optional[str] = None, nonblocking: bool = False) -> Optional[Tuple[str, Params]]:
-    """The written table's choice for this layout (rows: the first size >= nbytes, else the
-    last), or None when the table has no entry for ``len(hosts)`` x ``max ranks per host``.
-    ``nonblocking``: from the rows measured with nonblocking calls where the table has them,
-    else from the blocking ones.
-    A row names an algorithm: multicolor (with its parameters; ``shared`` for the one-host
-    shared-memory stage), doubling, ring, halving, mpi (MPI's own allreduce) or mpi-ring
-    (Open MPI's ring)."""
-    path = path or str(TUNING_FILE)
-    rows = _tables(path, NONBLOCKING_SECTION).get(layout_name(hosts)) if nonblocking else None
-    rows = rows or _tables(path).get(layout_name(hosts))
-    if not rows:
-        return None
-    rows = sorted(rows, key=lambda r: r["size_bytes"])
-    row = next((r for r in rows if r["size_bytes"] >= nbytes), rows[-1])
-    seg = row.get("segment_bytes", 0) // itemsize if row.get("segment_bytes") else 0
-    algorithm = row.get("algorithm", "multicolor")
-    if algorithm in ("mpi", "mpi-ring"):
-        return algorithm, Params()
-    if algorithm in ("doubling", "ring", "halving"):
-        return algorithm, Params(segment=0 if algorithm == "doubling" else seg)
-    return "multicolor", Params(colors=row.get("colors", 1), segment=seg, hierarchical=row.get("hierarchical", True),
-                                route=row.get("route", "tree"), shared=bool(row.get("shared", False)))

@@ -264,7 +264,7 @@ def small_fused_calls_keep_their_check_with_the_check_off():
     # so check=False keeps that path: exact sums, and a length mismatch still raises everywhere
     from mcallreduce import _executor
     from mcallreduce.runtime import Context
-    for algorithm, kind in (("doubling", _executor.KIND_FUSED), ("halving", _executor.KIND_FUSED_HALVING)):
+    for algorithm, kind in (("doubling", _executor.KIND_FUSED_DOUBLING), ("halving", _executor.KIND_FUSED_HALVING)):
         plan = Context.get().plan(config.current().with_overrides(algorithm=algorithm, check=False), 1000,
                                   np.dtype(np.float32), "sum", 1.0, 1.0)
         assert plan.kind == kind and plan.check == _executor.CHECK_ON, (algorithm, plan.kind)

@@ -9,9 +9,11 @@ from typing import Dict, List
 
 import numpy as np
 
+from ...config import EAGER_LIMIT_BYTES, POLL_US, inter_host_segment_bytes
 from ...policy import HALVING_BETWEEN_BYTES
 from ...sim.model import link_bytes_per_s, paper
 from ...units import format_size
+from ..netns import tbf_burst_bytes
 from ..output import save_png, write_text
 from .measure import ALGOS
 from .model import BUCKET_BYTES, lookup
@@ -247,17 +249,23 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
     rate8 = next((s["rate"] for s in setups if s["setup"] == "8h1r"), "200mbit")
     bound8 = 2 * 7 / 8 * (64 << 10) / (link_bytes_per_s(rate8) * cal.get("nic_efficiency", 1.0))
     d, ds, de = (cal.get(k, float("nan")) for k in ("duplex", "duplex_small", "duplex_eager"))
+    eager, segment = format_size(EAGER_LIMIT_BYTES), format_size(inter_host_segment_bytes())
+    burst = format_size(tbf_burst_bytes(link_bytes_per_s(rate8)))
+
+    def link_gain(hosts: int, local: int) -> float:   # the flat ring's bytes per link over the hierarchy's
+        p = hosts * local
+        return (2 * (p - 1) / p) / (2 * (hosts - 1) / hosts)
     out.append(
         f"* *Two-way connections.* A star or a tree sends bulk data both ways over each host pair's TCP "
         f"connection; a ring sends data one way. Through Open MPI, a message above the TCP eager limit "
-        f"(64 KiB with headers) waits for the receiver's clear-to-send, which queues behind the receiver's own "
+        f"({eager} with headers) waits for the receiver's clear-to-send, which queues behind the receiver's own "
         f"data in the other direction: the calibration measured a two-way stream at {d:.2f} of the one-way rate "
-        f"with 8 MiB messages and {ds:.2f} with 256 KiB ones, but {de:.2f} with 60 KiB (eager) messages "
+        f"with 8 MiB messages and {ds:.2f} with 256 KiB ones, but {de:.2f} with eager-sized messages "
         f"(`cluster duplex` shows the same: docs/benchmarks.md, \"Two-way connections\"). Plain TCP sockets "
         f"lose nothing both ways, so the loss is the rendezvous protocol's. A ring pays it too, although its "
         f"connections carry data one way: the clear-to-send queues behind the data the receiver's NIC sends "
         f"to its other neighbour (measured: docs/benchmarks.md, \"Two-way connections\"). The runtime therefore pipelines every message of every schedule that crosses "
-        f"hosts in segments under the eager limit (60 KiB; `OMPI_MCA_btl_tcp_eager_limit` is respected).")
+        f"hosts in segments under the eager limit ({segment}; `OMPI_MCA_btl_tcp_eager_limit` is respected).")
     out.append(
         f"* *Large messages, one rank per host.* From 256 KiB on up to 8 hosts the colors cross hosts on "
         f"rings (route \"ring\"), and with one rank per host that is one ring: at 32 MiB on 4 hosts, "
@@ -266,7 +274,7 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"All three are bandwidth-optimal and move the same bytes, so one run's ratio between them is within "
         f"its noise. Multicolor's busbw is {bus('4h1r', 'multicolor'):.2f} of the link; a one-way stream gets "
         f"{cal.get('nic_efficiency', float('nan')):.2f} of it (tbf counts whole frames), and a ring's NIC "
-        f"sends and receives at once (docs/benchmarks.md, \"200 Mbit/s\"). The trees (one star per host) send "
+        f"sends and receives at once (docs/benchmarks.md, \"Frames: where the last 5 % goes\"). The trees (one star per host) send "
         f"the same bytes but as three two-way flows per shaped NIC, and reached less of the link than the ring "
         f"(docs/benchmarks.md, \"Trees or rings across hosts\").")
     out.append(
@@ -274,7 +282,7 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"{t('4h2r', 'ring', 32 << 20) / t('4h2r', 'multicolor', 32 << 20):.2f}x (4 hosts), "
         f"{t('8h2r', 'ring', 32 << 20) / t('8h2r', 'multicolor', 32 << 20):.2f}x (8 hosts). The flat ring puts "
         f"2(p-1)/p of the message on each host's link for p ranks, the hierarchy 2(N-1)/N for N hosts: the link's "
-        f"bytes alone give 1.17x on 4 hosts (the goal, 1.1x) and 1.07x on 8 hosts (no goal). Beyond that, the "
+        f"bytes alone give {link_gain(4, 2):.2f}x on 4 hosts (the goal, 1.1x) and {link_gain(8, 2):.2f}x on 8 hosts (no goal). Beyond that, the "
         f"flat ring's 2(p-1) dependent steps wait on ranks that share the machine's cores.")
     ring64 = t('8h1r', 'ring', 64 << 10)
     out.append(
@@ -287,7 +295,7 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"\"Halving along the check\"). At 200 Mbit/s "
         f"this size is bandwidth-bound: 2(p-1)/p of the message through each host's link takes "
         f"{bound8 * 1e3:.1f} ms at the calibrated link rate, {bound8 / ring64:.2f} of this run's ring time "
-        f"(the shaper's 128 KiB token bucket lets calls with gaps between them go somewhat faster). The "
+        f"(the shaper's {burst} token bucket lets calls with gaps between them go somewhat faster). The "
         f"model's choice for 64 KiB here (tuning table): {choice.get('algorithm', '?')} with "
         f"{choice.get('colors', '?')} colors, predicted {choice.get('speedup_vs_ring', float('nan')):.2f}x "
         f"the ring.")
@@ -295,7 +303,7 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         "* *Model accuracy.* See the accuracy metric below. At >= 1 MiB the time is bandwidth, the shaper, "
         "duplex and Open MPI's algorithms, all modelled; below 1 MiB it is the engine's per-step work and "
         "the scheduling delay of more processes than cores: the model runs every rank's work at cores/ranks "
-        "of a core (a waiting rank polls for a millisecond before it sleeps, so at these sizes all of "
+        f"of a core (a waiting rank polls for {POLL_US / 1000:g} ms before it sleeps, so at these sizes all of "
         "them share the cores) and takes each setup's latency from its own barrier. Horovod is modelled as MPI_Allreduce and misses its own "
         "per-tensor negotiation cycle (docs/horovod.md measures Horovod itself).")
     return out

@@ -1,4 +1,8 @@
-"""Multicolor on one host through a shared-memory window (no MPI import here).
+"""The one-host shared-memory stage: its window's layout, and its sequence in numpy for the tests.
+
+The runtime lays out its window with :func:`areas` and :func:`small_areas` (memory.SharedWindow)
+and runs the sequence in C (native/shared_stage.c); the tests play the functions below
+in-process. No MPI import here.
 
 When every rank of a communicator shares one host, multicolor's hierarchy has only
 its local stages: every local rank reduces one color (a contiguous slice of the
@@ -8,12 +12,12 @@ synchronisations in all. Through a window that every local rank maps, it is:
 
 1. **publish**: each rank copies its buffer (prescaled) into its slot of the window,
    all but its own color when there is no prescale (it reduces that from its buffer);
-   *sync 1*: each rank sends its metadata vector to every other rank. Once all of
-   them have arrived, every rank's data is in the window and every rank has checked
+   *sync 1*: the ranks exchange their metadata vectors (a recursive doubling). Once it
+   has completed, every rank's data is in the window and every rank has checked
    that the calls match: the cross-rank check costs nothing extra, it *is* the
    synchronisation.
 2. **reduce**: rank c folds color c of every slot, in rank order, into color c of
-   the result area. *sync 2*: a zero-byte message to every other rank.
+   the result area. *sync 2*: a one-byte message to every other rank.
 3. **collect**: each rank copies the result area into its buffer.
 
 From ``MCALLREDUCE_SINGLE_COPY_BYTES`` on, where the kernel lets ranks read and write each
@@ -43,7 +47,7 @@ one, the two calls differ, the check fails on every rank and nobody writes.)
 
 The functions below work on plain numpy views of the window, so the in-process tests
 run exactly this code over p virtual ranks (tests/test_shared_stage.py); the runtime
-runs the same sequence in C on an MPI shared-memory window (native/executor.c, memory.SharedWindow).
+runs the same sequence in C on an MPI shared-memory window (native/shared_stage.c, memory.SharedWindow).
 Cost: docs/algorithms.md, "Shared memory (one host)".
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""In-process executor: plays a schedule over p virtual ranks with numpy buffers.
+"""The in-process executor: plays a schedule over p virtual ranks with numpy buffers.
 
 It exists for fast, exhaustive tests of the very schedules the MPI runtime runs.
 Sends are synchronous (a send completes only when its receive is posted), the

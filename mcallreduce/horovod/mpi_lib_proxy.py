@@ -26,7 +26,7 @@ from . import state
 from .join import join
 from .router import ROUTER, SUPPORTED_DTYPES
 
-__all__ = ["MpiLibProxy", "ROUTER"]
+__all__ = ["MpiLibProxy"]
 
 
 def _copy_raw(dst: torch.Tensor, src: torch.Tensor) -> None:

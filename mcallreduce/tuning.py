@@ -1,0 +1,76 @@
+"""The tuning table: the file ``python -m mcallreduce.bench tune`` writes and the policy follows.
+
+A table holds, per layout ("4h1r": hosts x the most ranks on one host), rows by message size,
+each naming what ran fastest there: multicolor with its parameters (``shared`` for the one-host
+stage), doubling, ring, halving, mpi (MPI's own allreduce) or mpi-ring (Open MPI's ring). Rows
+measured with blocking calls sit under "tables", those measured with nonblocking calls under
+:data:`NONBLOCKING_SECTION`. ``tune --measure`` writes a measured table, ``tune`` a modelled one
+(:mod:`mcallreduce.sim.tuner`); :data:`BUILTIN_TABLE` is the one measured on this project's
+development machine. Pure Python, no MPI.
+"""
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Dict, Optional, Sequence, Tuple
+
+from .algorithms import Params
+
+__all__ = ["BUILTIN_TABLE", "NONBLOCKING_SECTION", "layout_name", "has_nonblocking_rows", "lookup"]
+
+#: measured with ``python -m mcallreduce.bench tune --measure`` (docs/benchmarks.md, "Commands")
+BUILTIN_TABLE = str(Path(__file__).with_name("tuning-measured.json"))
+#: a table's rows measured with nonblocking calls (``tune --measure --calls nonblocking``),
+#: beside the blocking ones under "tables"
+NONBLOCKING_SECTION = "nonblocking_tables"
+
+
+def _tables(path: str, section: str = "tables") -> Dict:
+    """A table file's section, read again once the file changes (``tune --measure --out`` the same
+    path): plans made after that follow the new table."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {}
+    return _read_table(path, st.st_mtime_ns, st.st_size).get(section, {})
+
+
+@lru_cache(maxsize=8)
+def _read_table(path: str, mtime_ns: int, size: int) -> Dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def layout_name(hosts: Sequence[Sequence[int]]) -> str:
+    """A table's key for a layout: hosts x the most ranks on one host, as "4h2r"."""
+    return f"{len(hosts)}h{max(len(h) for h in hosts)}r"
+
+
+def has_nonblocking_rows(hosts: Sequence[Sequence[int]], path: str) -> bool:
+    """Whether the table holds rows measured with nonblocking calls for this layout."""
+    return bool(_tables(path, NONBLOCKING_SECTION).get(layout_name(hosts)))
+
+
+def lookup(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int,
+           path: str, nonblocking: bool = False) -> Optional[Tuple[str, Params]]:
+    """The table's choice for this layout (the first row of a size >= nbytes, else the last), or
+    None where the table has no rows for the layout. ``nonblocking``: from the rows measured with
+    nonblocking calls where the table has them, else from the blocking ones."""
+    rows = _tables(path, NONBLOCKING_SECTION).get(layout_name(hosts)) if nonblocking else None
+    rows = rows or _tables(path).get(layout_name(hosts))
+    if not rows:
+        return None
+    rows = sorted(rows, key=lambda r: r["size_bytes"])
+    row = next((r for r in rows if r["size_bytes"] >= nbytes), rows[-1])
+    seg = row.get("segment_bytes", 0) // itemsize if row.get("segment_bytes") else 0
+    algorithm = row.get("algorithm", "multicolor")
+    if algorithm in ("mpi", "mpi-ring"):
+        return algorithm, Params()
+    if algorithm in ("doubling", "ring", "halving"):
+        return algorithm, Params(segment=0 if algorithm == "doubling" else seg)
+    return "multicolor", Params(colors=row.get("colors", 1), segment=seg, hierarchical=row.get("hierarchical", True),
+                                route=row.get("route", "tree"), shared=bool(row.get("shared", False)))
