@@ -1,4 +1,4 @@
-"""``python -m mcallreduce.bench tune``: the model-based default table the runtime uses.
+"""``python -m mcallreduce.bench tune``: a tuning table from the cost model, or measured (``--measure``).
 
     .venv/bin/python -m mcallreduce.bench tune                       # emulated cluster, 4 and 8 hosts x 1, 2
     .venv/bin/python -m mcallreduce.bench tune --model paper --hosts 32 --ranks-per-host 4 --nics 2
@@ -10,7 +10,7 @@ fastest is kept; the best ring is shown for comparison. The model is the emulate
 cluster with the constants of the last calibration (docs/data/calibration.json, or
 ``--calibration FILE``), or the paper-scale model (``--model paper``). The table is
 written as JSON (``--out``, default docs/data/tuning.json): the format that
-``MCALLREDUCE_TUNING_FILE`` names and :mod:`mcallreduce.policy` reads at run time.
+``MCALLREDUCE_TUNING_FILE`` names and :mod:`mcallreduce.tuning` reads at run time.
 """
 from __future__ import annotations
 

@@ -1,15 +1,15 @@
 """Model-based tuning tables: colors, segment size and hierarchy per message size.
 
-Instead of the runtime's hand-written size rules (:mod:`mcallreduce.policy`), a search:
-for a message of n bytes on a given host layout, every candidate ``Params``
+A search, beside the runtime's size rules (:mod:`mcallreduce.policy`) and the tables that
+``tune --measure`` times on a cluster: for a message of n bytes on a given host layout, every candidate ``Params``
 (colors in {1, 2, 3, 4, L, N, ...}, segment in {0, 60K, 256K, 1M}, hierarchical or
 flat) is played on the cluster model and the fastest wins, like Blue Gene/Q's
 colors-by-size table (which was measured) and NCCL's tuner (which is a cost model).
 
 * :func:`best_params` -- the search for one size, ``(algorithm, Params)``; sizes are
   binned to powers of two and memoised (the runtime never searches: it reads a table);
-* :func:`table` -- the table for a layout and a list of sizes (``python -m mcallreduce.bench tune``);
-  (:mod:`mcallreduce.tuning` reads it back for :mod:`mcallreduce.policy`);
+* :func:`table` -- the table for a layout and a list of sizes (``python -m mcallreduce.bench tune``),
+  in the format :mod:`mcallreduce.tuning` reads back for the policy;
 * :func:`default_model` -- the model for a layout: the calibration file
   (docs/data/calibration.json, or a path given) of the emulated cluster when present,
   else the built-in constants.
