@@ -193,10 +193,10 @@ def resolve(config: Config, nbytes: int, itemsize: int,
                                     hierarchical=hierarchical, depth=config.depth, route=route)
 
 
-def progress_thread(ranks_on_host: int, environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether the Horovod plugin and the DDP hook start the progress thread: as
-    ``MCALLREDUCE_PROGRESS_THREAD`` says, and on ``auto`` only where the host has a core to spare
+def progress_thread(hosts: Sequence[Sequence[int]], environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether the Horovod plugin and the DDP hook start the progress thread on this layout: as
+    ``MCALLREDUCE_PROGRESS_THREAD`` says, and on ``auto`` only where every host has a core to spare
     for it (more cores than ranks), since MPI's progress loop polls a core while allreduces are
     in flight (an idle thread sleeps)."""
     forced = progress_thread_setting(environ)
-    return (os.cpu_count() or 1) > ranks_on_host if forced is None else forced
+    return (os.cpu_count() or 1) > max(len(host) for host in hosts) if forced is None else forced

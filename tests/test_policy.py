@@ -131,6 +131,8 @@ def test_progress_thread_on_auto_only_where_the_host_has_a_core_to_spare():
     import os
     from mcallreduce.policy import progress_thread
     cores = os.cpu_count() or 1
-    assert progress_thread(cores, {}) is False and progress_thread(cores - 1, {}) is (cores > 1)
-    assert progress_thread(cores, {"MCALLREDUCE_PROGRESS_THREAD": "1"}) is True
-    assert progress_thread(1, {"MCALLREDUCE_PROGRESS_THREAD": "0"}) is False
+    full, spare = [list(range(cores))], [list(range(cores - 1)) or [0]]   # one host: as many ranks as cores, or one fewer
+    assert progress_thread(full, {}) is False and progress_thread(spare, {}) is (cores > 1)
+    assert progress_thread(full + spare, {}) is False   # the most crowded host decides
+    assert progress_thread(full, {"MCALLREDUCE_PROGRESS_THREAD": "1"}) is True
+    assert progress_thread([[0]], {"MCALLREDUCE_PROGRESS_THREAD": "0"}) is False

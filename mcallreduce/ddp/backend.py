@@ -92,7 +92,7 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         self._allreduce_async = runtime.allreduce_async
         context = runtime.Context.get(self._comm)
         if progress_thread is None:
-            progress_thread = policy.progress_thread(max(len(host) for host in context.hosts))
+            progress_thread = policy.progress_thread(context.hosts)
         if progress_thread:
             runtime.start_progress_thread(self._comm)
         self._threaded = context.engine.threaded

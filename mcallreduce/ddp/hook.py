@@ -47,7 +47,7 @@ class MulticolorHookState:
         self._allreduce_async = runtime.allreduce_async
         context = runtime.Context.get(comm)   # collective: every rank registers its hook
         if progress_thread is None:
-            progress_thread = policy.progress_thread(max(len(host) for host in context.hosts))
+            progress_thread = policy.progress_thread(context.hosts)
         if progress_thread:
             runtime.start_progress_thread(comm)
         self.threaded = context.engine.threaded

@@ -103,7 +103,7 @@ def _activate(hvd, comm_arg) -> None:
     settings = config.current()              # a bad MCALLREDUCE_* value raises here, clearly
     config.bucket_bytes()
     ctx = runtime.Context.get(comm)          # collective: every rank is inside hvd.init()
-    if policy.progress_thread(max(len(host) for host in ctx.hosts)):
+    if policy.progress_thread(ctx.hosts):
         runtime.start_progress_thread(comm)
     atexit.register(_stop_progress)   # runs before Horovod's atexit shutdown (registered earlier)
     ROUTER.comm = comm
