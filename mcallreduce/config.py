@@ -64,7 +64,7 @@ ALGORITHMS = ("multicolor", "ring", "doubling", "halving") + MPI_ALGORITHMS
 
 # Across hosts, pipeline segments stay under Open MPI's TCP eager limit: a larger message waits
 # for the receiver's clear-to-send, which queues behind whatever the receiver's NIC is sending
-# (measured: docs/benchmarks.md, "Two-way connections" and "A ring's clear-to-send").
+# (measured: docs/defaults.md, "Two-way connections" and "A ring's clear-to-send").
 EAGER_LIMIT_VARIABLE = "OMPI_MCA_btl_tcp_eager_limit"
 EAGER_LIMIT_BYTES = 64 << 10     # Open MPI's default btl_tcp_eager_limit (headers included)
 EAGER_HEADER_BYTES = 1 << 10     # room for the PML and BTL headers
@@ -86,12 +86,12 @@ SHM_BYTES = 8 << 20
 
 # From this size the one-host stage reads and writes the peers' buffers directly (Linux CMA,
 # where the kernel allows it) instead of copying through the window, and has no size limit
-# (measured: docs/benchmarks.md, "One host: the single-copy stage").
+# (measured: docs/defaults.md, "One host: the single-copy stage").
 SINGLE_COPY_BYTES = 64 << 10
 
 # Up to this size the one-host stage synchronises once: every rank reduces the whole buffer
 # from double-buffered slots of this size, 2p of them after the window's areas
-# (measured: docs/benchmarks.md, "One host: one synchronisation for small calls").
+# (measured: docs/defaults.md, "One host: one synchronisation for small calls").
 ONE_SYNC_BYTES = 32 << 10
 
 # A blocking wait polls MPI for this long after the last completion, then sleeps between polls

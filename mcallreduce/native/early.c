@@ -2,7 +2,7 @@
  *
  * The check makes every rank wait for the last one to arrive before any byte moves; without
  * it the ranks that arrive first start their first round, and the arrival skew overlaps the
- * data (docs/benchmarks.md, "Data before the check"). So a run posts its early steps
+ * data (docs/defaults.md, "Data before the check"). So a run posts its early steps
  * (lowering.py: sends from the buffer and receives into scratch of at most early_max bytes
  * that wait for nothing, whose partner steps on the peers are early too) before its check;
  * every reduction and every write to the user's buffer waits until every rank agreed.

@@ -170,7 +170,7 @@ void checked(EngineObject *e, run_t *r) {
         scale_buffer(r->dtype, r->buf, r->nelem, r->pre);
         r->coll_ready = 1;
         /* a blocking table row's MPI pick that cannot block: the plan's schedule rather than
-           MPI_Iallreduce, which that row never timed (docs/benchmarks.md, "Nonblocking calls") */
+           MPI_Iallreduce, which that row never timed (docs/defaults.md, "Nonblocking calls") */
         r->on_schedule = !r->blocking && r->program != NULL;
         pump_collectives(e);
         if (r->on_schedule) start_schedule(e, r);
