@@ -5,8 +5,9 @@ coordinator match names. We instead fuse gradients into buckets in reverse regis
 (the order backward produces them, as DDP's reducer does), each bucket one dtype and at most
 MCALLREDUCE_BUCKET_BYTES. A bucket's allreduce starts as soon as all its gradients are in,
 but only after every earlier bucket started, so every rank starts the same buckets in the same
-order whatever order its hooks fire in: no deadlock, and the engine's progress thread overlaps
-the communication with the rest of backward. ``synchronize()`` starts what is left (parameters
+order whatever order its hooks fire in: no deadlock. The communication overlaps the rest of
+backward: on the engine's progress thread, or without it because every gradient hook tests the
+oldest bucket in flight once. ``synchronize()`` starts what is left (parameters
 without a gradient this step count as zeros, as in Horovod), waits, and copies the results back,
 or with MCALLREDUCE_GRADIENT_AS_BUCKET_VIEW=1 leaves each gradient a view of its bucket, as DDP's
 ``gradient_as_bucket_view``: no copy back, and none in at the next step when ``zero_grad(set_to_none=False)``
@@ -103,7 +104,7 @@ class _BucketedMethods:
                                      groups if isinstance(groups, list) else None)
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._views = config.gradient_as_bucket_view()
-        self._next_bucket = 0
+        self._next_bucket = self._oldest_unfinished = 0
 
     def _make_hook(self, p):
         def hook(_param):
@@ -118,7 +119,16 @@ class _BucketedMethods:
                 bucket.ready += 1
                 if bucket.ready == len(bucket.params):
                     self._launch_ready(everything=False)
+            self._poll_launched()
         return hook
+
+    def _poll_launched(self):
+        """Test the oldest bucket in flight once: without the progress thread, the rounds after a
+        bucket's first messages then run during the rest of backward instead of in synchronize()."""
+        while self._oldest_unfinished < self._next_bucket:
+            if not self._buckets[self._oldest_unfinished].routed.test():
+                return
+            self._oldest_unfinished += 1
 
     def _launch_ready(self, everything: bool):
         """Start buckets in their fixed order, stopping at the first incomplete one."""
@@ -185,7 +195,7 @@ class _BucketedMethods:
         for bucket in getattr(self, "_buckets", None) or []:
             bucket.ready, bucket.routed = 0, None
             bucket.sparse.clear()
-        self._next_bucket = 0
+        self._next_bucket = self._oldest_unfinished = 0
         self._handles.clear()
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step

@@ -32,5 +32,5 @@ def test_training_with_and_without_plugin_reaches_the_same_parameters(tmp_path):
 def test_plugin_only_behaviour():
     result = mpi_job(2, "plugin_only.py", env=ON)
     checks = dict(re.findall(r"^CHECK (\S+) (.*)$", result.stdout, re.M))
-    assert result.returncode == 0 and len(checks) == 6, explain(result)
+    assert result.returncode == 0 and len(checks) == 7, explain(result)
     assert all(v == "ok" for v in checks.values()), checks

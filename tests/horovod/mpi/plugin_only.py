@@ -2,6 +2,7 @@
 
 Prints one "CHECK <name> <ok|FAILED ...>" line per check from rank 0.
 """
+import time
 import warnings
 
 import torch
@@ -76,6 +77,45 @@ grads = hvd.allgather(torch.cat([p.grad.reshape(-1) for p in model.parameters()]
 checks["dynamic_graph"] = all(torch.equal(grads[0], g) for g in grads)
 with opt.skip_synchronize():
     opt.step()
+
+
+
+# 5. without the progress thread, each gradient hook drives the buckets already in flight: the
+#    first bucket finishes during backward, before synchronize() (pauses in backward give the
+#    peer time to launch it too)
+class Pause(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.1)
+        return grad
+
+
+first, last = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+scales = [torch.nn.Parameter(torch.ones(1)) for _ in range(6)]
+params = [first.weight, first.bias, *scales, last.weight, last.bias]
+opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
+                               groups=[[last.weight, last.bias], [first.weight, first.bias, *scales]])
+seen = {}
+
+
+def note_first_bucket(_param):   # runs after the optimizer's own hook on the same parameter
+    routed = opt._buckets[0].routed
+    seen["done"] = all(h.done for h in [routed.check] + routed.parts)
+
+
+scales[0].register_post_accumulate_grad_hook(note_first_bucket)
+h = first(torch.ones(2, 4))
+for s in scales:
+    h = s * Pause.apply(h)
+last(h).sum().backward()
+opt.synchronize()
+with opt.skip_synchronize():
+    opt.step()
+checks["hooks_drive_buckets_in_flight"] = seen.get("done", False)
 
 oks = hvd.allgather_object(checks)
 if rank == 0:
