@@ -11,10 +11,14 @@ the engine meanwhile:
   spare), which completes each future the moment its bucket is reduced;
 * without it, the hooks themselves: each one progresses the buckets before it, and the
   last bucket's hook finishes them all (DDP calls hooks in bucket order and waits on the
-  futures only after the last one), so nothing is left for a thread nobody runs.
+  futures only after the last one), so nothing is left for a thread nobody runs. Between
+  buckets, every parameter's gradient hook tests the oldest bucket in flight once (from the
+  second step on: the first tells the hook which parameters its buckets hold), so a bucket's
+  later rounds overlap the rest of backward, as the Horovod plugin's optimizer does.
 """
 # (no "from __future__ import annotations": DDP checks the hook's annotations as objects)
 
+import weakref
 from typing import Any, List, Optional
 
 import torch
@@ -52,6 +56,7 @@ class MulticolorHookState:
             runtime.start_progress_thread(comm)
         self.threaded = context.engine.threaded
         self.pending: List[Any] = []   # without the thread: this backward's handles, not yet finished
+        self.polled = {}   # id -> weak reference: the parameters whose gradient hook tests the oldest of them
 
     def reduce(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         tensor = bucket.buffer()
@@ -61,8 +66,25 @@ class MulticolorHookState:
         handle.name = f"DDP bucket {bucket.index()}"
         future = future_for(handle, tensor, finish)
         if not self.threaded:
+            self._poll_from(bucket.parameters())
             self._drive(handle, bucket.is_last())
         return future
+
+    def _poll_from(self, params) -> None:
+        for p in params:
+            known = self.polled.get(id(p))
+            if known is None or known() is not p:
+                self.polled[id(p)] = weakref.ref(p)
+                p.register_post_accumulate_grad_hook(self._poll)
+
+    def _poll(self, _param) -> None:
+        while self.pending:
+            try:
+                if not self.pending[0].test():
+                    return
+            except Exception:   # noqa: BLE001  (its future carries the error into backward())
+                pass
+            self.pending.pop(0)
 
     def _drive(self, handle, last: bool) -> None:
         """Caller-driven progress: test the buckets in flight, finish them all at the last."""

@@ -91,3 +91,7 @@ def test_without_an_mpi_launcher_env_rendezvous_is_torchs_own(monkeypatch):
     assert not hasattr(handler.env_handler, "env_handler")
     with pytest.raises(ValueError, match="environment variable RANK expected"):
         next(rendezvous.rendezvous("env://"))
+
+
+def test_without_the_thread_gradient_hooks_finish_a_bucket_during_backward():
+    job(2, "overlap.py", env={"MCALLREDUCE_PROGRESS_THREAD": "0"})
