@@ -2,7 +2,8 @@
 
 Runs examples/ddp_synthetic_benchmark.py once per arm per round, the arms alternated within
 each round, on this host (``-np N``) or on the emulated cluster (``--cluster``), and prints
-the table of total img/s with each arm's ratio to gloo's mean.
+the table of total img/s with each arm's ratio to gloo's mean. An arm named
+``ARM:NAME=VALUE[:NAME=VALUE...]`` is ARM with those variables added (``hook:MCALLREDUCE_PROGRESS_THREAD=0``).
 
     python -m mcallreduce.bench ddp --cluster --runs 2 -- --image-size 32 --batch-size 8 --num-iters 3
 """
@@ -20,22 +21,23 @@ from typing import Dict, List, Optional, Sequence
 
 from . import example
 from .output import subcommand_command, write_json
-from .timing import alternated
+from .timing import alternated, split_arm
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_synthetic_benchmark.py"
 ARMS = ("gloo", "hook", "backend")
 
 
-def run_arm(arm: str, ns: argparse.Namespace, out: str, env: Dict[str, str]) -> None:
+def run_arm(spec: str, ns: argparse.Namespace, out: str, env: Dict[str, str]) -> None:
     from .cluster import Cluster
-    example.run([sys.executable, str(EXAMPLE), "--comm", arm, "--json", out, *ns.example_args], env,
+    arm, added = split_arm(spec, ARMS)
+    example.run([sys.executable, str(EXAMPLE), "--comm", arm, "--json", out, *ns.example_args], {**env, **added},
                 np=ns.np, cluster=Cluster() if ns.cluster else None, timeout=ns.timeout)
 
 
 def table(rows: List[Dict]) -> str:
     by_arm: Dict[str, List[float]] = {}
     for row in rows:
-        by_arm.setdefault(row["comm"], []).append(row["total_img_sec"])
+        by_arm.setdefault(row["arm"], []).append(row["total_img_sec"])
     runs = max(len(v) for v in by_arm.values())
     base = statistics.mean(by_arm["gloo"]) if "gloo" in by_arm else None
     lines = ["| arm | " + " | ".join(f"run {i + 1}" for i in range(runs)) + " | mean | vs gloo |",
@@ -50,7 +52,8 @@ def table(rows: List[Dict]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mcallreduce.bench ddp", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arms", default="gloo,hook", help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--arms", default="gloo,hook",
+                        help=f"comma-separated, of {', '.join(ARMS)}; ARM:NAME=VALUE adds a variable to ARM's")
     parser.add_argument("--runs", type=int, default=2, help="rounds; each runs every arm once, alternated")
     parser.add_argument("--cluster", action="store_true", help="on the emulated cluster (cluster up first)")
     parser.add_argument("-np", "--np", type=int, default=2, help="ranks on this host (without --cluster)")
@@ -62,9 +65,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ns = parser.parse_args(argv)
     ns.example_args = [a for a in ns.example_args if a != "--"]
     arms = [a for a in ns.arms.split(",") if a]
-    unknown = set(arms) - set(ARMS)
-    if unknown:
-        parser.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
+    for arm in arms:
+        try:
+            split_arm(arm, ARMS)
+        except ValueError as exc:
+            parser.error(str(exc))
     env = dict(item.split("=", 1) for item in ns.env)
     rows: List[Dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -74,7 +79,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             run_arm(arm, ns, out, env)
             with open(out) as f:
                 row = json.loads(f.readlines()[-1])
-            row.update(round=round_ + 1, started=started)
+            row.update(arm=arm, round=round_ + 1, started=started)
             rows.append(row)
             print(f"round {round_ + 1} {arm}: {row['total_img_sec']:.2f} img/s", flush=True)
     text = table(rows)

@@ -46,7 +46,7 @@ from ..units import parse_size
 from . import example, output
 from .output import subcommand_command, write_json
 from .thread_cpu import KINDS, ThreadCpu
-from .timing import alternated
+from .timing import alternated, split_arm
 
 STOCK = {"MCALLREDUCE_HOROVOD": "0"}
 MULTICOLOR = {"MCALLREDUCE_ALGORITHM": "multicolor"}
@@ -63,14 +63,9 @@ PARTS = ("data", "forward_backward", "allreduce", "optimizer", "metrics")
 
 def arm_settings(spec: str):
     """(--data, environment, more arguments) of an arm: a name of ARMS, or ``ARM:NAME=VALUE...``."""
-    base, *assignments = spec.split(":")
-    if base not in ARMS:
-        raise ValueError(f"unknown arm {base!r} in {spec!r}; choose from {', '.join(ARMS)}")
-    bad = [a for a in assignments if "=" not in a or not a.split("=", 1)[0]]
-    if bad:
-        raise ValueError(f"arm {spec!r}: expected ARM:NAME=VALUE, got {':'.join(bad)!r}")
+    base, added = split_arm(spec, tuple(ARMS))
     data, env, more = ARMS[base]
-    return data, {**env, **dict(a.split("=", 1) for a in assignments)}, more
+    return data, {**env, **added}, more
 
 
 class Evictor(threading.Thread):

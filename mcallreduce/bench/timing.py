@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import resource
 import time
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -79,3 +79,15 @@ def alternated(arms: Sequence[str], rounds: int) -> Iterator[Tuple[int, str]]:
     for round_ in range(rounds):
         for arm in (arms if round_ % 2 == 0 else arms[::-1]):
             yield round_, arm
+
+
+def split_arm(spec: str, known: Sequence[str]) -> Tuple[str, Dict[str, str]]:
+    """An arm of a whole-job benchmark, ``ARM`` or ``ARM:NAME=VALUE[:NAME=VALUE...]``: the arm's name
+    and the variables added to its own, so that settings are compared in one run, alternated like arms."""
+    base, *assignments = spec.split(":")
+    if base not in known:
+        raise ValueError(f"unknown arm {base!r} in {spec!r}; choose from {', '.join(known)}")
+    bad = [a for a in assignments if "=" not in a or not a.split("=", 1)[0]]
+    if bad:
+        raise ValueError(f"arm {spec!r}: expected ARM:NAME=VALUE, got {':'.join(bad)!r}")
+    return base, dict(a.split("=", 1) for a in assignments)

@@ -68,15 +68,16 @@ def test_a_torchrun_launch_without_mpirun_is_refused_clearly():
 def test_the_ddp_benchmark_runs_every_arm_and_writes_its_table(tmp_path):
     out = tmp_path / "ddp.json"
     result = subprocess.run([sys.executable, "-m", "mcallreduce.bench", "ddp", "-np", "2", "--arms",
-                             "gloo,hook,backend", "--runs", "1", "--json", str(out), "--", "--image-size", "32",
+                             "gloo,hook:MCALLREDUCE_PROGRESS_THREAD=0,backend", "--runs", "1", "--json", str(out), "--", "--image-size", "32",
                              "--batch-size", "2", "--num-warmup-batches", "1", "--num-batches-per-iter", "1",
                              "--num-iters", "1", "--threads", "1"],
                             capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert [r["comm"] for r in doc["runs"]] == ["gloo", "hook", "backend"]   # later rounds: bench.timing.alternated
+    assert doc["runs"][1]["arm"] == "hook:MCALLREDUCE_PROGRESS_THREAD=0"   # an arm with a variable of its own
     assert all(r["ranks"] == 2 and r["total_img_sec"] > 0 for r in doc["runs"])
-    assert "| hook |" in doc["table"] and "vs gloo" in doc["table"]
+    assert "| hook:MCALLREDUCE_PROGRESS_THREAD=0 |" in doc["table"] and "vs gloo" in doc["table"]
 
 
 def test_without_an_mpi_launcher_env_rendezvous_is_torchs_own(monkeypatch):
