@@ -7,7 +7,6 @@ late in backward finds the first bucket finished, before DDP waits for it at the
 Run with MCALLREDUCE_PROGRESS_THREAD=0. The exit status is the result.
 """
 import sys
-import time
 
 import torch
 import torch.nn as nn
@@ -15,20 +14,10 @@ from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mcallreduce.ddp
+from _pause import Pause
 
 comm = MPI.COMM_WORLD
 mcallreduce.ddp.init_process_group("gloo")
-
-
-class Pause(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        time.sleep(0.1)
-        return grad
 
 
 class Paused(nn.Module):

@@ -2,12 +2,12 @@
 
 Prints one "CHECK <name> <ok|FAILED ...>" line per check from rank 0.
 """
-import time
 import warnings
 
 import torch
 import mcallreduce.horovod.torch as hvd
 import mcallreduce.horovod as plugin
+from _pause import Pause
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
@@ -83,17 +83,6 @@ with opt.skip_synchronize():
 # 5. without the progress thread, each gradient hook drives the buckets already in flight: the
 #    first bucket finishes during backward, before synchronize() (pauses in backward give the
 #    peer time to launch it too)
-class Pause(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        time.sleep(0.1)
-        return grad
-
-
 first, last = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
 scales = [torch.nn.Parameter(torch.ones(1)) for _ in range(6)]
 params = [first.weight, first.bias, *scales, last.weight, last.bias]
