@@ -78,23 +78,25 @@ class MulticolorHookState:
                 p.register_post_accumulate_grad_hook(self._poll)
 
     def _poll(self, _param) -> None:
-        while self.pending:
-            try:
-                if not self.pending[0].test():
-                    return
-            except Exception:   # noqa: BLE001  (its future carries the error into backward())
-                pass
-            self.pending.pop(0)
+        self._advance(finish=False)
 
     def _drive(self, handle, last: bool) -> None:
         """Caller-driven progress: test the buckets in flight, finish them all at the last."""
         self.pending.append(handle)
-        for h in self.pending:
+        self._advance(finish=last)
+
+    def _advance(self, finish: bool) -> None:
+        """Drop the finished buckets from the front of ``pending``: waiting for each, or testing until
+        the oldest is still out (one test advances every allreduce in flight)."""
+        while self.pending:
             try:
-                h.wait() if last else h.test()
+                if finish:
+                    self.pending[0].wait()
+                elif not self.pending[0].test():
+                    return
             except Exception:   # noqa: BLE001  (its future carries the error into backward())
                 pass
-        self.pending = [h for h in self.pending if not h.done]
+            self.pending.pop(0)
 
 
 _DEFAULT: Optional[MulticolorHookState] = None
