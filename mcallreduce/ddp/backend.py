@@ -6,8 +6,10 @@
     model = DistributedDataParallel(net)                       # buckets go through the engine
 
 ``allreduce`` runs on the engine (the multi-color allreduce by default) and returns a work
-object whose future the engine completes. ``broadcast``, ``allgather`` and ``barrier`` are
-MPI's own, run when called, after this group's allreduces in flight (so a script sees its
+object whose future the engine completes: on the progress thread, or without it, for the futures
+DDP asks for in backward, in an autograd callback queued then, which runs before the one DDP queues
+after its last bucket to wait for them all. Until then each allreduce tests the oldest in flight, so
+backward goes on while the buckets travel. ``broadcast``, ``allgather`` and ``barrier`` are MPI's own, run when called, after this group's allreduces in flight (so a script sees its
 collectives in call order, as on gloo); DDP calls them at construction, at the bucket
 rebuild and for buffers, not for gradients. Other collectives raise NotImplementedError.
 
@@ -18,11 +20,13 @@ from __future__ import annotations
 
 import datetime
 import importlib
-from typing import Any, List, Optional
+import sys
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.autograd import Variable
 
 from .. import policy
 from .futures import future_for, reducible
@@ -38,11 +42,17 @@ _IMPLEMENTED = "allreduce, broadcast, allgather and barrier"
 
 
 class _Work(dist.Work):
-    """A collective of this group; ``wait()`` drives the engine when no progress thread does."""
+    """A collective of this group; ``wait()`` drives the engine when no progress thread does.
 
-    def __init__(self, handle: Any, future: torch.futures.Future, threaded: bool = True):
+    ``get_future()`` finishes the allreduce first unless someone else completes its future: the
+    progress thread, or, when DDP asks for it in backward, the callback that ``defer()`` queues.
+    """
+
+    def __init__(self, handle: Any, future: torch.futures.Future, completed_elsewhere: bool = True,
+                 defer: Optional[Callable[[], None]] = None):
         super().__init__()
-        self._handle, self._future, self._threaded = handle, future, threaded
+        self._handle, self._future, self._completed_elsewhere = handle, future, completed_elsewhere
+        self._defer = defer
 
     def wait(self, timeout: Optional[datetime.timedelta] = None) -> bool:
         if self._handle is not None:
@@ -54,13 +64,28 @@ class _Work(dist.Work):
         return self._future.done()
 
     def get_future(self) -> torch.futures.Future:
-        if self._handle is not None and not self._threaded:
-            # without a progress thread nobody else would complete it (DDP waits on it in C++)
+        if self._handle is not None and not self._completed_elsewhere:
+            if self._defer is not None and _asked_by_ddp(sys._getframe(1)):
+                self._defer()
+                self._completed_elsewhere = True
+                return self._future
             try:
                 self._handle.wait()
             except Exception:   # noqa: BLE001  (the future carries the error)
                 pass
         return self._future
+
+
+_RUN_BACKWARD = getattr(getattr(torch.autograd.graph, "_engine_run_backward", None), "__code__", None)
+
+
+def _asked_by_ddp(caller) -> bool:
+    """Whether a future is asked for from C++ (the last Python frame is the one that started backward)
+    while a node of backward runs: DDP's reducer in a gradient hook, which waits on it only at the end
+    of backward. Not a hook's or a script's Python, which may wait on it at once, and not inside an
+    end-of-backward callback (DDP's first static-graph step reduces there)."""
+    node = getattr(torch._C, "_current_autograd_node", None)
+    return caller is not None and caller.f_code is _RUN_BACKWARD and node is not None and node() is not None
 
 
 def _done(value: Any) -> _Work:
@@ -117,8 +142,10 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
                              "use mcallreduce.ddp.multicolor_hook on a gloo group")
         work, finish = reducible(tensor)
         handle = self._allreduce_async(work, op=op, comm=self._comm)
-        self._in_flight = [h for h in self._in_flight if not h.done] + [handle]
-        return _Work(handle, future_for(handle, [tensor], finish), self._threaded)
+        self._in_flight.append(handle)
+        self._advance(finish=False)
+        return _Work(handle, future_for(handle, [tensor], finish), self._threaded,
+                     None if self._threaded else self._finish_at_end_of_backward)
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         root = opts.rootRank if opts is not None else 0
@@ -147,13 +174,29 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         self._side.Barrier()
         return _done(None)
 
+    def _finish_at_end_of_backward(self) -> None:
+        """Queue the callback that finishes the allreduces in flight when this backward ends (it runs
+        before the one DDP queues after its last bucket, which waits on their futures)."""
+        Variable._execution_engine.queue_callback(self._finish_allreduces)
+
     def _finish_allreduces(self) -> None:
-        for handle in self._in_flight:
+        self._advance(finish=True)
+
+    def _advance(self, finish: bool) -> None:
+        """Drop the finished allreduces from the front of those in flight: waiting for each, or testing
+        until the oldest is still out (one test advances every allreduce in flight; with the thread on
+        it only reads the state)."""
+        while self._in_flight:
+            oldest = self._in_flight[0]
             try:
-                handle.wait()
+                if finish:
+                    oldest.wait()
+                elif not oldest.test():
+                    return
             except Exception:   # noqa: BLE001  (reported by the allreduce's own work)
                 pass
-        self._in_flight = []
+            if self._in_flight and self._in_flight[0] is oldest:   # a future's callback may have dropped it
+                self._in_flight.pop(0)
 
 
 # Collectives this group refuses, by method name, with the name a user calls them by.

@@ -96,3 +96,7 @@ def test_without_an_mpi_launcher_env_rendezvous_is_torchs_own(monkeypatch):
 
 def test_without_the_thread_gradient_hooks_finish_a_bucket_during_backward():
     job(2, "overlap.py", env={"MCALLREDUCE_PROGRESS_THREAD": "0"})
+
+
+def test_without_the_thread_the_backend_lets_backward_go_on_while_a_bucket_travels():
+    job(2, "backend_overlap.py", env={"MCALLREDUCE_PROGRESS_THREAD": "0"})
