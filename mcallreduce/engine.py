@@ -188,7 +188,10 @@ class Engine:
             self._wake()
         else:
             with self.lock:
+                earlier = bool(self.calls)
                 self._admit(call)
+                if earlier:   # one test advances the calls already in flight, as the caller's own test would
+                    self._report(self.native.progress(False, -1))
         return handle
 
     def run_if_idle(self, next_seq: Callable[[], int], template, buffer: np.ndarray, prescale: float,

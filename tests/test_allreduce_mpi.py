@@ -135,3 +135,7 @@ def test_verbose_reports_each_new_kind_of_call_once():
     lines = [ln for ln in result.stderr.splitlines() if ln.startswith("mcallreduce: ")]
     assert len(lines) == 1 and "multicolor(colors=2" in lines[0], result.stderr
     assert result.stdout == ""
+
+
+def test_without_the_thread_starting_a_call_advances_the_calls_in_flight():
+    passed(mpi_script(2, "submit_progresses.py", timeout=120))
