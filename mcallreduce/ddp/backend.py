@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.autograd import Variable
 
 from .. import policy
-from .futures import future_for, reducible
+from .futures import InFlight, future_for, reducible
 from .world import env_or_mpi_rendezvous, mpi_rendezvous, require_mpi_ranks
 
 __all__ = ["ProcessGroupMulticolor", "BACKEND", "register"]
@@ -121,7 +121,7 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         if progress_thread:
             runtime.start_progress_thread(self._comm)
         self._threaded = context.engine.threaded
-        self._in_flight: List[Any] = []
+        self._in_flight = InFlight()
 
     def getBackendName(self) -> str:   # noqa: N802  (torch's name)
         return BACKEND
@@ -142,8 +142,8 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
                              "use mcallreduce.ddp.multicolor_hook on a gloo group")
         work, finish = reducible(tensor)
         handle = self._allreduce_async(work, op=op, comm=self._comm)
-        self._in_flight.append(handle)
-        self._advance(finish=False)
+        self._in_flight.add(handle)
+        self._in_flight.advance(finish=False)
         return _Work(handle, future_for(handle, [tensor], finish), self._threaded,
                      None if self._threaded else self._finish_at_end_of_backward)
 
@@ -180,23 +180,7 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         Variable._execution_engine.queue_callback(self._finish_allreduces)
 
     def _finish_allreduces(self) -> None:
-        self._advance(finish=True)
-
-    def _advance(self, finish: bool) -> None:
-        """Drop the finished allreduces from the front of those in flight: waiting for each, or testing
-        until the oldest is still out (one test advances every allreduce in flight; with the thread on
-        it only reads the state)."""
-        while self._in_flight:
-            oldest = self._in_flight[0]
-            try:
-                if finish:
-                    oldest.wait()
-                elif not oldest.test():
-                    return
-            except Exception:   # noqa: BLE001  (reported by the allreduce's own work)
-                pass
-            if self._in_flight and self._in_flight[0] is oldest:   # a future's callback may have dropped it
-                self._in_flight.pop(0)
+        self._in_flight.advance(finish=True)
 
 
 # Collectives this group refuses, by method name, with the name a user calls them by.

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Callable, Deque, Optional
+from typing import Any, Callable, Deque, Iterator, List, Optional
 
 import torch
 
 from ..engine import PROGRESS_THREAD_NAME
 
-__all__ = ["future_for", "reducible"]
+__all__ = ["InFlight", "future_for", "reducible"]
 
 
 class _Completer:
@@ -108,3 +108,32 @@ def reducible(tensor: torch.Tensor):
     else:
         return tensor, None
     return work, lambda: tensor.copy_(work)
+
+
+class InFlight:
+    """Allreduces in flight, oldest first, for progress driven by their caller (no progress thread).
+    Their errors are left to their futures."""
+
+    def __init__(self) -> None:
+        self._handles: List[Any] = []
+
+    def add(self, handle: Any) -> None:
+        self._handles.append(handle)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._handles))
+
+    def advance(self, finish: bool) -> None:
+        """Drop the finished ones from the front: waiting for each, or testing until the oldest is
+        still out (one test advances every allreduce in flight; with the thread on it only reads)."""
+        while self._handles:
+            oldest = self._handles[0]
+            try:
+                if finish:
+                    oldest.wait()
+                elif not oldest.test():
+                    return
+            except Exception:   # noqa: BLE001  (its future carries the error)
+                pass
+            if self._handles and self._handles[0] is oldest:   # a future's callback may have dropped it
+                self._handles.pop(0)

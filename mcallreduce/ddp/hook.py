@@ -19,13 +19,13 @@ the engine meanwhile:
 # (no "from __future__ import annotations": DDP checks the hook's annotations as objects)
 
 import weakref
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
 from .. import policy
-from .futures import future_for, reducible
+from .futures import InFlight, future_for, reducible
 from .world import check_matches_mpi
 
 __all__ = ["MulticolorHookState", "multicolor_hook"]
@@ -55,7 +55,7 @@ class MulticolorHookState:
         if progress_thread:
             runtime.start_progress_thread(comm)
         self.threaded = context.engine.threaded
-        self.pending: List[Any] = []   # without the thread: this backward's handles, not yet finished
+        self.pending = InFlight()   # without the thread: this backward's handles, not yet finished
         self.polled = {}   # id -> weak reference: the parameters whose gradient hook tests the oldest of them
 
     def reduce(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -78,25 +78,12 @@ class MulticolorHookState:
                 p.register_post_accumulate_grad_hook(self._poll)
 
     def _poll(self, _param) -> None:
-        self._advance(finish=False)
+        self.pending.advance(finish=False)
 
     def _drive(self, handle, last: bool) -> None:
         """Caller-driven progress: test the buckets in flight, finish them all at the last."""
-        self.pending.append(handle)
-        self._advance(finish=last)
-
-    def _advance(self, finish: bool) -> None:
-        """Drop the finished buckets from the front of ``pending``: waiting for each, or testing until
-        the oldest is still out (one test advances every allreduce in flight)."""
-        while self.pending:
-            try:
-                if finish:
-                    self.pending[0].wait()
-                elif not self.pending[0].test():
-                    return
-            except Exception:   # noqa: BLE001  (its future carries the error into backward())
-                pass
-            self.pending.pop(0)
+        self.pending.add(handle)
+        self.pending.advance(finish=last)
 
 
 _DEFAULT: Optional[MulticolorHookState] = None
