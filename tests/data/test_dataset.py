@@ -106,13 +106,15 @@ def test_seeded_crops_depend_on_seed_epoch_and_index_only(store):
 @pytest.mark.parametrize("seed", [None, 3])
 def test_dataloader_workers_draw_different_crops(store, seed):
     """One sample 32 times, a batch to each of 2 workers, no sampler of ours (no epoch key):
-    the workers must not replay one generator copied into both, nor replay it the next epoch."""
+    the workers must not replay one generator copied into both, nor replay it the next epoch.
+    A replayed generator repeats every crop; two fresh draws may still agree now and then (the
+    same fallback centre crop and flip), so nine in ten must differ, as across epochs above."""
     dataset = InMemoryImageFolder(store, TrainTransform(size=48, seed=seed, normalize=False))
     loader = DataLoader(dataset, batch_size=16, sampler=[7] * 32, num_workers=2)
     first, second = [x for x, _ in loader]
-    assert (first != second).flatten(1).any(1).all()
+    assert (first != second).flatten(1).any(1).float().mean() > 0.9
     again = torch.cat([x for x, _ in loader])
-    assert (again != torch.cat([first, second])).flatten(1).any(1).all()
+    assert (again != torch.cat([first, second])).flatten(1).any(1).float().mean() > 0.9
 
 
 def test_a_compose_keeps_the_reduced_scale_decode(store, monkeypatch):
