@@ -1,4 +1,5 @@
-"""A step of backward that takes 0.1 s: room for the peers to catch up between gradient hooks."""
+"""A step of backward that sleeps (0.1 s unless told): room for the peers to catch up between
+gradient hooks, or a rank made late on purpose."""
 import time
 
 import torch
@@ -6,10 +7,11 @@ import torch
 
 class Pause(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, seconds=0.1):
+        ctx.seconds = seconds
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        time.sleep(0.1)
-        return grad
+        time.sleep(ctx.seconds)
+        return grad, None

@@ -9,7 +9,6 @@ Run with MCALLREDUCE_PROGRESS_THREAD=0. The exit status is the result.
 """
 import copy
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -18,24 +17,13 @@ from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mcallreduce.ddp
+from _pause import Pause
 
 comm = MPI.COMM_WORLD
 mcallreduce.ddp.init_process_group("gloo")
 group = dist.new_group(backend="mcallreduce")
 if group._threaded:
     sys.exit("run this job with MCALLREDUCE_PROGRESS_THREAD=0")
-
-
-class LateOnRankOne(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        if comm.rank == 1:
-            time.sleep(0.5)
-        return grad
 
 
 class TwoLayers(nn.Module):
@@ -46,7 +34,7 @@ class TwoLayers(nn.Module):
         self.last = nn.Linear(512, 512)   # 1 MiB of weights: DDP's first bucket on its own
 
     def forward(self, x):
-        return LateOnRankOne.apply(self.last(torch.relu(self.first(x))))
+        return Pause.apply(self.last(torch.relu(self.first(x))), 0.5 if comm.rank == 1 else 0.0)
 
 
 model = TwoLayers()
