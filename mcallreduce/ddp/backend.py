@@ -9,9 +9,12 @@
 object whose future the engine completes: on the progress thread, or without it, for the futures
 DDP asks for in backward, in an autograd callback queued then, which runs before the one DDP queues
 after its last bucket to wait for them all. Until then each allreduce tests the oldest in flight, so
-backward goes on while the buckets travel. ``broadcast``, ``allgather`` and ``barrier`` are MPI's own, run when called, after this group's allreduces in flight (so a script sees its
-collectives in call order, as on gloo); DDP calls them at construction, at the bucket
-rebuild and for buffers, not for gradients. Other collectives raise NotImplementedError.
+backward goes on while the buckets travel.
+
+``broadcast``, ``allgather`` and ``barrier`` are MPI's own, run when called, after this group's
+allreduces in flight (so a script sees its collectives in call order, as on gloo); DDP calls them
+at construction, at the bucket rebuild and for buffers, not for gradients. Other collectives
+raise NotImplementedError.
 
 The group subclasses torch's public ``ProcessGroup`` and ``Work``; registering a Python
 backend is marked experimental in torch 2.13.
