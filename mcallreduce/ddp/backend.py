@@ -47,15 +47,14 @@ _IMPLEMENTED = "allreduce, broadcast, allgather and barrier"
 class _Work(dist.Work):
     """A collective of this group; ``wait()`` drives the engine when no progress thread does.
 
-    ``get_future()`` finishes the allreduce first unless someone else completes its future: the
-    progress thread, or, when DDP asks for it in backward, the callback that ``defer()`` queues.
+    ``defer`` is None where the progress thread completes the future. Otherwise ``get_future()``
+    finishes the allreduce first, unless DDP asks for it in backward: then ``defer()`` queues the
+    callback that finishes it when backward ends.
     """
 
-    def __init__(self, handle: Any, future: torch.futures.Future, completed_elsewhere: bool = True,
-                 defer: Optional[Callable[[], None]] = None):
+    def __init__(self, handle: Any, future: torch.futures.Future, defer: Optional[Callable[[], None]] = None):
         super().__init__()
-        self._handle, self._future, self._completed_elsewhere = handle, future, completed_elsewhere
-        self._defer = defer
+        self._handle, self._future, self._defer = handle, future, defer
 
     def wait(self, timeout: Optional[datetime.timedelta] = None) -> bool:
         if self._handle is not None:
@@ -67,11 +66,10 @@ class _Work(dist.Work):
         return self._future.done()
 
     def get_future(self) -> torch.futures.Future:
-        if self._handle is not None and not self._completed_elsewhere:
-            if self._defer is not None and _asked_by_ddp(sys._getframe(1)):
-                self._defer()
-                self._completed_elsewhere = True
-                return self._future
+        defer, self._defer = self._defer, None
+        if defer is not None and _asked_by_ddp(sys._getframe(1)):
+            defer()
+        elif defer is not None:
             try:
                 self._handle.wait()
             except Exception:   # noqa: BLE001  (the future carries the error)
@@ -147,7 +145,7 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         handle = self._allreduce_async(work, op=op, comm=self._comm)
         self._in_flight.add(handle)
         self._in_flight.advance(finish=False)
-        return _Work(handle, future_for(handle, [tensor], finish), self._threaded,
+        return _Work(handle, future_for(handle, [tensor], finish),
                      None if self._threaded else self._finish_at_end_of_backward)
 
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
