@@ -5,6 +5,7 @@ import argparse
 import importlib.util
 import json
 import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -80,7 +81,13 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
         cluster.down()
     if not ns.latency_only:
         write_json(data / "sweep-log.json", {"log": log, "date": time.strftime("%Y-%m-%d %H:%M"),
-                                             "autogroups": autogroups_word(autogroups)})
+                                             "autogroups": autogroups_word(autogroups), "machine": machine()})
+
+
+def machine() -> dict:
+    """Where the sweep ran, kept with its log so that re-rendering elsewhere does not relabel it."""
+    return {"node": platform.node(), "cores": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version()}
 
 
 def autogroups_word(words: set) -> str:

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import platform
 from pathlib import Path
 from typing import Dict, List
 
@@ -15,7 +13,7 @@ from ...sim.model import link_bytes_per_s, paper
 from ...units import format_size
 from ..netns import tbf_burst_bytes
 from ..output import save_png, write_text
-from .measure import ALGOS
+from .measure import ALGOS, machine
 from .model import BUCKET_BYTES, lookup
 
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
@@ -106,9 +104,10 @@ def markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning) -> s
         log = json.loads((Path(ns.docs) / "data" / "sweep-log.json").read_text())
     except (OSError, ValueError):
         pass
+    m = log.get("machine") or machine()
     L += ["### Machine and commands", "",
-          f"* {platform.node()}: {os.cpu_count()} cores shared by every emulated host, "
-          f"{platform.platform()}, Open MPI 4.1.4 (Debian), Python {platform.python_version()}; "
+          f"* {m['node']}: {m['cores']} cores shared by every emulated host, "
+          f"{m['platform']}, Open MPI 4.1.4 (Debian), Python {m['python']}; "
           f"other engineers' jobs ran on the same cores (load varies). Sweep {log.get('date', '?')}: "
           f"{', '.join(log.get('log', []))}." + (f" {log['note']}" if log.get("note") else "")
           + (f" Kernel autogroups while the hosts were up: {log['autogroups']} (docs/cluster.md, \"Autogroups\")."
