@@ -201,6 +201,19 @@ def test_halving_sends_a_rings_bytes_in_2_log2_p_rounds():
     assert sched.bytes_sent(1, 4) == n * 4
 
 
+def test_halving_keeps_its_largest_exchange_on_the_host():
+    # lowest bit first, as Open MPI and the executor's fused call pair the ranks: with two ranks
+    # per host only a quarter of the buffer each way crosses a host, not a half
+    n = 1024
+    hosts = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    sched = build_schedule("halving", hosts, n, Params())
+    host_of = {r: h for h, ranks in enumerate(hosts) for r in ranks}
+    for r in range(8):
+        crossing = sum(s.count for s in sched.programs[r].steps if s.op == Op.SEND and host_of[s.peer] != host_of[r])
+        local = sum(s.count for s in sched.programs[r].steps if s.op == Op.SEND and host_of[s.peer] == host_of[r])
+        assert (crossing, local) == (2 * (n // 4 + n // 8), 2 * (n // 2)), r
+
+
 @pytest.mark.parametrize("p", [2, 3, 4, 6])
 @pytest.mark.parametrize("ufunc", [np.minimum, np.maximum])
 def test_halving_is_bitwise_the_same_on_every_rank(p, ufunc):

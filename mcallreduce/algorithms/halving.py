@@ -1,9 +1,11 @@
 """Recursive halving then doubling (Rabenseifner): a reduce-scatter and an allgather in log2(p) rounds each.
 
 In round j of the reduce-scatter every rank pairs with the rank whose index differs in
-bit (m - 1 - j) (p = 2^m), sends it the half of its current range that the partner keeps
-and reduces the half it keeps itself; after m rounds each rank holds 1/p of the result.
-The allgather retraces the rounds backwards, each pair swapping the ranges it holds. That
+bit j (p = 2^m), sends it the half of its current range that the partner keeps (the rank
+with the bit set keeps the upper half) and reduces the half it keeps itself; after m rounds
+each rank holds 1/p of the result. The allgather retraces the rounds backwards, each pair
+swapping the ranges it holds. Lowest bit first, as Open MPI's and the executor's fused call
+(native/check.c): with ranks numbered host by host, the first and largest exchange stays on the host. That
 is a ring's traffic (2 (p-1)/p n bytes per rank) in 2 log2(p) message latencies instead of
 the ring's 2 (p-1): MPICH's and Open MPI's choice for medium messages, where a ring has too
 many hops and recursive doubling sends the whole buffer every round.
@@ -37,8 +39,8 @@ def build_halving(hosts: Sequence[Sequence[int]], nelem: int, segment: int = 0, 
     fold_in(b, ranks, rem, segments(0, nelem, segment))
     held: List[Tuple[int, int]] = [(0, nelem)] * pof2     # each virtual rank's range
     history: List[List[Tuple[int, int]]] = []
-    dist = pof2 // 2
-    while dist >= 1:
+    dist = 1
+    while dist < pof2:
         history.append(list(held))
         for v in range(pof2):
             w = v ^ dist
@@ -50,9 +52,9 @@ def build_halving(hosts: Sequence[Sequence[int]], nelem: int, segment: int = 0, 
             move(active[v], active[w], off + half, cnt - half, reduce=True, incoming_left=True)
             move(active[w], active[v], off, half, reduce=True)
             held[v], held[w] = (off, half), (off + half, cnt - half)
-        dist //= 2
-    dist = 1
-    while dist < pof2:
+        dist *= 2
+    dist = pof2 // 2
+    while dist >= 1:
         before = history.pop()
         for v in range(pof2):
             w = v ^ dist
@@ -61,6 +63,6 @@ def build_halving(hosts: Sequence[Sequence[int]], nelem: int, segment: int = 0, 
             move(active[v], active[w], *held[v], reduce=False)
             move(active[w], active[v], *held[w], reduce=False)
             held[v] = held[w] = before[v]
-        dist *= 2
+        dist //= 2
     fold_out(b, ranks, rem, segments(0, nelem, segment))
     return b.build("halving", segment=segment)
