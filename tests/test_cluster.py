@@ -348,6 +348,8 @@ def test_two_rails_up_then_down_removes_everything():
         assert "default" not in routes
         state = json.loads((Cluster(prefix).state_path).read_text())
         assert state["rails"] == 2 and state["rate"] == "300mbit"
+        for ns in (f"{prefix}-head", f"{prefix}-h0", f"{prefix}-h1"):   # whatever the machine's own TCP runs
+            assert congestion_control(ns) == "reno" and "TCP reno" in cli("status", prefix=prefix).stdout
         if Cluster(prefix).cpu_budget.hierarchy is not None:   # down must unmount and remove the budget too
             assert cli("up", "--hosts", "2", "--rails", "2", "--rate", "300mbit", "--cpus-per-host", "0.5",
                        prefix=prefix).returncode == 0
@@ -361,6 +363,22 @@ def test_two_rails_up_then_down_removes_everything():
     assert not Cluster(prefix).state_dir.exists()
     assert "down" in cli("status", prefix=prefix).stdout
     assert Cluster(prefix).autogroups.enabled() == autogroups_before
+
+
+def congestion_control(ns: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/sys/net/ipv4/tcp_congestion_control"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@needs_cluster
+def test_a_congestion_control_namespaces_may_not_use_is_refused_before_anything_is_built():
+    prefix = "mctestt"
+    try:
+        proc = cli("up", "--hosts", "2", "--congestion-control", "no-such-tcp", prefix=prefix)
+        assert proc.returncode == 2 and "a namespace may use only" in proc.stderr and "reno" in proc.stderr, proc.stderr
+        assert leftovers(prefix) == []
+    finally:
+        cli("down", prefix=prefix)
 
 
 @needs_cluster

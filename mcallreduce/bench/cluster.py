@@ -1,7 +1,7 @@
 """An emulated multi-host cluster on one Linux machine: one network namespace per host.
 
     python -m mcallreduce.bench.cluster up --hosts 4 --rate 200mbit [--ranks-per-host R] [--rails 1|2] \\
-        [--cpus-per-host C] [--mtu N] [--keep-autogroups]
+        [--cpus-per-host C] [--mtu N] [--keep-autogroups] [--congestion-control NAME]
     python -m mcallreduce.bench.cluster status
     python -m mcallreduce.bench.cluster run [-np N] [-x NAME=VALUE] -- python my_job.py
     python -m mcallreduce.bench.cluster check                  # raw TCP MB/s vs the rate
@@ -17,7 +17,8 @@ a generated rsh agent that runs them under ``ip netns exec <host namespace>``, w
 namespace name as hostname (a UTS namespace: Open MPI keys shared memory by hostname).
 With ``--cpus-per-host C`` each host's processes are also capped at C cores (bench/cluster_cpu.py).
 While a cluster is up the kernel's autogroups are off (bench/autogroups.py: they let a host's
-thread spinning in ``sched_yield`` hold a core for seconds).
+thread spinning in ``sched_yield`` hold a core for seconds), and TCP in every namespace runs reno
+unless ``--congestion-control`` says otherwise (docs/cluster.md, "TCP").
 The bridges have no real interface and no address, and no namespace has a default route:
 nothing leaves the machine. Everything is found by its name prefix, so ``down`` also cleans up after a crash.
 The topology and the measured numbers are in docs/cluster.md.
@@ -33,7 +34,8 @@ from mcallreduce.errors import ConfigError
 from mcallreduce.bench.cluster_cpu import DEFAULT_CPU_PERIOD_MS
 from mcallreduce.bench.cluster_hosts import ClusterHosts
 from mcallreduce.bench.cluster_jobs import ClusterJobs
-from mcallreduce.bench.cluster_state import DEFAULT_MTU, DEFAULT_PREFIX, DEFAULT_SUBNET, ClusterConfig
+from mcallreduce.bench.cluster_state import (DEFAULT_CONGESTION_CONTROL, DEFAULT_MTU, DEFAULT_PREFIX, DEFAULT_SUBNET,
+                                            ClusterConfig)
 from mcallreduce.bench.netns import ClusterError, require_root
 
 __all__ = ["Cluster", "ClusterConfig", "ClusterError", "main"]
@@ -72,6 +74,8 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     p_up.add_argument("--keep-autogroups", action="store_true",
                       help="leave the kernel's autogroups on (by default they are off while the cluster is up: "
                            "a host's thread spinning in sched_yield can hold a core for seconds; docs/cluster.md)")
+    p_up.add_argument("--congestion-control", default=DEFAULT_CONGESTION_CONTROL, metavar="NAME",
+                      help="TCP congestion control in every namespace (default %(default)s; docs/cluster.md, \"TCP\")")
     sub.add_parser("status", help="hosts, addresses, qdisc rates, up or not")
     sub.add_parser("down", help="remove everything named <prefix>-*")
     p_run = sub.add_parser("run", help="run an MPI job across the hosts: run [-np N] -- cmd ...")
@@ -102,7 +106,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
         cluster = Cluster(ns.prefix)
         if ns.action == "up":
             cluster.up(ns.hosts, ns.rate, ns.ranks_per_host, ns.rails, ns.subnet, ns.cpus_per_host, ns.cpu_period_ms,
-                       ns.mtu, ns.keep_autogroups)
+                       ns.mtu, ns.keep_autogroups, ns.congestion_control)
             print(cluster.status_text(), end="")
         elif ns.action == "status":
             require_root()

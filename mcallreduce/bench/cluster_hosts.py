@@ -14,9 +14,10 @@ from mcallreduce.units import parse_rate
 from mcallreduce.bench.autogroups import state_word
 from mcallreduce.bench.cluster_cpu import DEFAULT_CPU_PERIOD_MS
 from mcallreduce.bench.cluster_jobs import kill_processes_in, write_launch_scripts
-from mcallreduce.bench.cluster_state import DEFAULT_MTU, DEFAULT_SUBNET, ClusterConfig, ClusterState
+from mcallreduce.bench.cluster_state import (DEFAULT_CONGESTION_CONTROL, DEFAULT_MTU, DEFAULT_SUBNET, ClusterConfig,
+                                            ClusterState)
 from mcallreduce.bench.netns import (ClusterError, links, namespaces, require_root, root_namespace_networks, say, sh,
-                                     tbf_options)
+                                     check_congestion_control, set_congestion_control, tbf_options)
 from mcallreduce.bench.output import write_text
 
 __all__ = ["ClusterHosts"]
@@ -28,15 +29,18 @@ class ClusterHosts(ClusterState):
     def up(self, hosts: int, rate: str = "200mbit", ranks_per_host: int = 1, rails: int = 1,
            subnet: str = DEFAULT_SUBNET, cpus_per_host: Optional[float] = None,
            cpu_period_ms: float = DEFAULT_CPU_PERIOD_MS, mtu: int = DEFAULT_MTU,
-           keep_autogroups: bool = False) -> ClusterConfig:
+           keep_autogroups: bool = False,
+           congestion_control: str = DEFAULT_CONGESTION_CONTROL) -> ClusterConfig:
         """Create (or converge to) the cluster; a no-op when it is already up as asked.
         ``cpus_per_host``: cap each host's processes at that many cores per ``cpu_period_ms``
         (None: they share the machine's). ``mtu``: the frame size of every link.
-        ``keep_autogroups``: leave the kernel's autogroups on (mcallreduce/bench/autogroups.py)."""
+        ``keep_autogroups``: leave the kernel's autogroups on (mcallreduce/bench/autogroups.py).
+        ``congestion_control``: TCP's in every namespace of the cluster."""
         require_root()
         cfg = ClusterConfig(hosts, rate, ranks_per_host, rails, subnet, cpus_per_host, cpu_period_ms, mtu,
-                            keep_autogroups)
+                            keep_autogroups, congestion_control)
         cfg.validate()
+        check_congestion_control(congestion_control)
         old = self.config()
         leftovers = self._mine(namespaces()) or self._mine(links()) or self.cpu_budget.cgroup_names()
         if old is not None and (old.hosts, old.rails, old.subnet) != (hosts, rails, subnet):
@@ -55,11 +59,11 @@ class ClusterHosts(ClusterState):
             if self.bridge(rail) not in have_links:
                 sh("ip", "link", "add", self.bridge(rail), "type", "bridge")
             sh("ip", "link", "set", self.bridge(rail), "mtu", str(mtu), "addrgenmode", "none", "up")
-        self._ensure_namespace(self.head_ns)
+        self._ensure_namespace(self.head_ns, congestion_control)
         self._ensure_nic(self.head_ns, self.head_port, "eth0", self.bridge(0), cfg.head_address(), None, mtu)
         tbf = tbf_options(parse_rate(rate))
         for host in range(hosts):
-            self._ensure_namespace(self.host_ns(host))
+            self._ensure_namespace(self.host_ns(host), congestion_control)
             for rail in range(rails):
                 self._ensure_nic(self.host_ns(host), self.host_port(host, rail), f"eth{rail}",
                                  self.bridge(rail), cfg.host_address(host, rail), tbf, mtu)
@@ -82,10 +86,11 @@ class ClusterHosts(ClusterState):
             if net.overlaps(ours):
                 raise ClusterError(f"--subnet {cfg.subnet} overlaps {net} of this machine: pick another")
 
-    def _ensure_namespace(self, ns: str) -> None:
+    def _ensure_namespace(self, ns: str, congestion_control: str) -> None:
         if ns not in namespaces():
             sh("ip", "netns", "add", ns)
         sh("ip", "-n", ns, "link", "set", "lo", "up")
+        set_congestion_control(ns, congestion_control)
 
     def _ensure_nic(self, ns: str, port: str, nic: str, bridge: str, address: str,
                     tbf: Optional[list[str]], mtu: int) -> None:
@@ -131,7 +136,7 @@ class ClusterHosts(ClusterState):
         problems = self.problems()
         lines = [f"cluster '{self.prefix}': {'up' if not problems else 'BROKEN (run up again)'}: "
                  f"{cfg.hosts} hosts x {cfg.rails} rail(s), rate {cfg.rate} per direction, "
-                 f"{cfg.ranks_per_host} rank(s) per host, MTU {cfg.mtu}, "
+                 f"{cfg.ranks_per_host} rank(s) per host, MTU {cfg.mtu}, TCP {cfg.congestion_control}, "
                  f"autogroups {state_word(self.autogroups.enabled())}, "
                  + ("shared cores" if cfg.cpus_per_host is None else
                     f"{cfg.cpus_per_host:g} core(s) per host (per {cfg.cpu_period_ms:g} ms)") + "; "

@@ -17,7 +17,7 @@ from mcallreduce.bench.autogroups import Autogroups
 from mcallreduce.bench.cluster_cpu import DEFAULT_CPU_PERIOD_MS, HostCpuBudget
 from mcallreduce.bench.netns import ClusterError, links, namespaces
 
-__all__ = ["ClusterConfig", "ClusterState", "DEFAULT_PREFIX", "DEFAULT_SUBNET", "STATE_ROOT"]
+__all__ = ["ClusterConfig", "ClusterState", "DEFAULT_CONGESTION_CONTROL", "DEFAULT_PREFIX", "DEFAULT_SUBNET", "STATE_ROOT"]
 
 DEFAULT_PREFIX = os.environ.get("MCALLREDUCE_CLUSTER_PREFIX", "mcar")
 DEFAULT_SUBNET = "10.213.0.0/16"  # rail r is 10.213.r.0/24; host i is .i+1, the head is .254
@@ -25,6 +25,9 @@ STATE_ROOT = Path("/run/mcallreduce-cluster")  # tmpfs: forgotten at reboot, lik
 HEAD_HOST_NUMBER = 254
 MAX_HOSTS = 253
 DEFAULT_MTU = 1500         # Ethernet's; 9000 is the usual jumbo frame of a cluster network
+# Linux's default is cubic, which a namespace may not pick unless the machine allows it; reno
+# behaves the same on these links, where BBR's periodic probing stretched calls (docs/cluster.md, "TCP")
+DEFAULT_CONGESTION_CONTROL = "reno"
 MIN_MTU, MAX_MTU = 576, 65535
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,6}$")  # keeps "<prefix>-h252r1" within 15 chars
 
@@ -40,6 +43,7 @@ class ClusterConfig:
     cpu_period_ms: float = DEFAULT_CPU_PERIOD_MS
     mtu: int = DEFAULT_MTU   # every NIC, port and bridge of the cluster
     keep_autogroups: bool = False   # False: the kernel's autogroups are off while it is up
+    congestion_control: str = DEFAULT_CONGESTION_CONTROL   # TCP's, in every namespace of the cluster
 
     def validate(self) -> None:
         if not 1 <= self.hosts <= MAX_HOSTS:

@@ -9,10 +9,11 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Optional
 
 __all__ = ["ClusterError", "say", "tbf_burst_bytes", "tbf_options", "sh", "require_root", "namespaces", "links",
-           "root_namespace_networks"]
+           "root_namespace_networks", "check_congestion_control", "set_congestion_control"]
 
 
 class ClusterError(RuntimeError):
@@ -79,3 +80,23 @@ def links(netns: Optional[str] = None) -> list[str]:
 def root_namespace_networks() -> list[ipaddress.IPv4Network]:
     out = sh("ip", "-o", "-4", "addr", "show").stdout
     return [ipaddress.ip_interface(line.split()[3]).network for line in out.splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------- TCP
+#: the congestion controls a namespace other than the machine's own may switch to
+ALLOWED_CONGESTION_CONTROLS = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+
+
+def check_congestion_control(name: str) -> None:
+    """Raise unless a namespace may switch to TCP congestion control ``name`` on this machine."""
+    allowed = ALLOWED_CONGESTION_CONTROLS.read_text().split()
+    if name not in allowed:
+        raise ClusterError(f"TCP congestion control {name!r}: a namespace may use only {', '.join(allowed)} "
+                           f"here; pick one of them, or add {name} to net.ipv4.tcp_allowed_congestion_control")
+
+
+def set_congestion_control(netns: str, name: str) -> None:
+    """Make ``name`` (:func:`check_congestion_control`) the TCP congestion control of new connections in ``netns``."""
+    # written from inside the namespace, whose /proc/sys/net is its own
+    write = f"open('/proc/sys/net/ipv4/tcp_congestion_control', 'w').write({name!r})"
+    sh("ip", "netns", "exec", netns, sys.executable, "-c", write)
