@@ -18,7 +18,8 @@ import pytest
 from mcallreduce.config import ConfigError
 from mcallreduce.units import parse_rate
 from mcallreduce.bench.cluster import Cluster, ClusterConfig, main
-from mcallreduce.bench.netns import ClusterError, links, namespaces, tbf_options
+from mcallreduce.bench.netns import ClusterError, links, namespaces
+from mcallreduce.shaping import tbf_options
 from mcallreduce.bench.cluster_measure import measure_tcp, parse_size
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,8 +17,9 @@ from mcallreduce.bench.cluster_jobs import kill_processes_in, write_launch_scrip
 from mcallreduce.bench.cluster_state import (DEFAULT_CONGESTION_CONTROL, DEFAULT_MTU, DEFAULT_SUBNET, ClusterConfig,
                                             ClusterState)
 from mcallreduce.bench.netns import (ClusterError, links, namespaces, require_root, root_namespace_networks, say, sh,
-                                     check_congestion_control, set_congestion_control, tbf_options)
+                                     check_congestion_control, set_congestion_control)
 from mcallreduce.bench.output import write_text
+from mcallreduce.shaping import tbf_options
 
 __all__ = ["ClusterHosts"]
 

@@ -1,6 +1,6 @@
 """The Linux side of the emulated cluster: shell calls, root and tool checks, namespaces, links
-and the tbf shaping arguments. :mod:`.cluster_hosts` builds hosts from them; :mod:`.cluster_measure`
-uses them too, without importing the cluster.
+and TCP's congestion control (the tbf arguments are :mod:`mcallreduce.shaping`'s). :mod:`.cluster_hosts`
+builds hosts from them; :mod:`.cluster_measure` uses them too, without importing the cluster.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["ClusterError", "say", "tbf_burst_bytes", "tbf_options", "sh", "require_root", "namespaces", "links",
+__all__ = ["ClusterError", "say", "sh", "require_root", "namespaces", "links",
            "root_namespace_networks", "check_congestion_control", "set_congestion_control"]
 
 
@@ -22,24 +22,6 @@ class ClusterError(RuntimeError):
 
 def say(message: str) -> None:
     print(f"[cluster] {message}", file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------- rates and tbf
-def tbf_burst_bytes(rate_bytes: float) -> int:
-    """The shaper's bucket: it must hold what arrives between two timer ticks and a whole 64 KiB
-    GSO segment (veth does TSO), or tbf caps TCP well below the rate; 5 ms of rate, at least 128 KiB."""
-    return max(int(rate_bytes * 0.005), 128 * 1024)
-
-
-def tbf_options(rate_bits: int) -> list[str]:
-    """tc tbf arguments for ``rate_bits``: the burst of :func:`tbf_burst_bytes`, and a queue
-    (limit) of 50 ms of rate, at least 1 MiB, so TCP bursts queue rather than drop (veth has
-    no delay, so a deeper queue costs latency only under load).
-    """
-    rate_bytes = rate_bits / 8
-    burst = tbf_burst_bytes(rate_bytes)
-    limit = burst + max(int(rate_bytes * 0.050), 1024 * 1024)
-    return ["rate", f"{rate_bits}bit", "burst", str(burst), "limit", str(limit)]
 
 
 # ---------------------------------------------------------------- shell helpers

@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Dict, List, Optional
 
-from ..bench.netns import tbf_burst_bytes
+from ..shaping import tbf_burst_bytes
 from ..config import EAGER_HEADER_BYTES, EAGER_LIMIT_BYTES
 from ..units import parse_rate
 

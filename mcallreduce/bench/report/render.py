@@ -11,7 +11,7 @@ from ...config import EAGER_LIMIT_BYTES, POLL_US, inter_host_segment_bytes
 from ...policy import HALVING_BETWEEN_BYTES
 from ...sim.model import link_bytes_per_s, paper
 from ...units import format_size
-from ..netns import tbf_burst_bytes
+from ...shaping import tbf_burst_bytes
 from ..output import save_png, write_text
 from .measure import ALGOS, machine
 from .model import BUCKET_BYTES, lookup
