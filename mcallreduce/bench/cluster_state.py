@@ -25,8 +25,8 @@ STATE_ROOT = Path("/run/mcallreduce-cluster")  # tmpfs: forgotten at reboot, lik
 HEAD_HOST_NUMBER = 254
 MAX_HOSTS = 253
 DEFAULT_MTU = 1500         # Ethernet's; 9000 is the usual jumbo frame of a cluster network
-# Linux's default is cubic, which a namespace may not pick unless the machine allows it; reno
-# behaves the same on these links, where BBR's periodic probing stretched calls (docs/cluster.md, "TCP")
+# Linux's default is cubic, which a namespace may not pick unless the machine allows it; reno is of its
+# family, and the BBR a namespace would otherwise inherit here stretched some calls (docs/cluster.md, "TCP")
 DEFAULT_CONGESTION_CONTROL = "reno"
 MIN_MTU, MAX_MTU = 576, 65535
 PREFIX_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,6}$")  # keeps "<prefix>-h252r1" within 15 chars
