@@ -349,8 +349,9 @@ def test_two_rails_up_then_down_removes_everything():
         assert "default" not in routes
         state = json.loads((Cluster(prefix).state_path).read_text())
         assert state["rails"] == 2 and state["rate"] == "300mbit"
-        for ns in (f"{prefix}-head", f"{prefix}-h0", f"{prefix}-h1"):   # whatever the machine's own TCP runs
-            assert congestion_control(ns) == "reno" and "TCP reno" in cli("status", prefix=prefix).stdout
+        # whatever the machine's own TCP runs
+        assert [congestion_control(f"{prefix}-{ns}") for ns in ("head", "h0", "h1")] == ["reno"] * 3
+        assert "TCP reno" in cli("status", prefix=prefix).stdout
         if Cluster(prefix).cpu_budget.hierarchy is not None:   # down must unmount and remove the budget too
             assert cli("up", "--hosts", "2", "--rails", "2", "--rate", "300mbit", "--cpus-per-host", "0.5",
                        prefix=prefix).returncode == 0
