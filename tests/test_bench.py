@@ -1,5 +1,6 @@
 """The benchmark CLI end to end: table, JSON records and the plot."""
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,8 @@ def test_bench_table_json_and_plot(tmp_path):
     assert "busbw(GB/s)" in r.stdout and "[1/2] 4K: multicolor, ring, mpi, mpi-ring" in r.stderr   # table and progress
     record = json.loads(out.read_text())
     assert record["argv"][:4] == ["python", "-m", "mcallreduce.bench", "--sizes"]   # as typed, no local path
+    assert record["started"] <= record["finished"] and record["finished"].endswith(" UTC")   # when, and where
+    assert record["machine"]["cores"] == os.cpu_count() and record["cluster"] is None    # not on the emulated cluster
     records = record["records"]
     assert {rec["algorithm"] for rec in records} == {"multicolor", "ring", "mpi", "mpi-ring"}
     for rec in records:
@@ -173,3 +176,20 @@ def test_interleaved_arms_follow_every_other_arm_equally_often():
         assert all(sorted(order) == list(range(n)) for order in orders)
         follows = Counter((order[i], order[i + 1]) for order in orders for i in range(n - 1))
         assert len(follows) == n * (n - 1) and len(set(follows.values())) == 1, (n, follows)
+
+
+def test_a_record_names_the_cluster_that_cluster_run_hands_its_ranks(monkeypatch):
+    from mcallreduce.bench.cluster_state import ClusterConfig
+    from mcallreduce.bench.provenance import cluster_env, provenance, utc_now
+    started = utc_now()
+    (name, value), = cluster_env(ClusterConfig(hosts=3, rate="10gbit", cpus_per_host=0.5,
+                                               congestion_control="bbr")).items()
+    monkeypatch.setenv(name, value)
+    cluster = provenance(started)["cluster"]
+    assert (cluster["hosts"], cluster["rate"], cluster["cpus_per_host"]) == (3, "10gbit", 0.5)
+    assert cluster["congestion_control"] == "bbr" and cluster["keep_autogroups"] is False
+    monkeypatch.delenv(name)
+    assert provenance(started)["cluster"] is None
+    from mcallreduce.bench.e2e import record    # a driver that runs the cluster's jobs names it itself
+    e2e = record(["--runs", "1"], ClusterConfig(hosts=4, ranks_per_host=2), 0, [], started)
+    assert (e2e["cluster"]["hosts"], e2e["cluster"]["ranks_per_host"], e2e["cluster"]["congestion_control"]) == (4, 2, "reno")

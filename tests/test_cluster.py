@@ -156,6 +156,17 @@ def test_run_spans_both_hosts_and_sums_right(cluster, tmp_path):
     assert all(r[4] == r[5] == "3" for r in rows)  # 1 + 2 everywhere
 
 
+@needs_cluster
+def test_a_benchmark_record_made_on_the_cluster_names_its_settings(cluster, tmp_path):
+    out = tmp_path / "bench.json"
+    proc = cluster.run([sys.executable, "-m", "mcallreduce.bench", "--sizes", "4K", "--algorithms", "multicolor",
+                        "--iters", "2", "--json", str(out)], timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads(out.read_text())
+    assert record["cluster"]["hosts"] == 2 and record["cluster"]["rate"] == "200mbit"
+    assert record["cluster"]["congestion_control"] == "reno" and record["cluster"]["mtu"] == 1500
+
+
 GLOO_JOB = textwrap.dedent("""
     import subprocess
     import torch
@@ -292,6 +303,7 @@ def test_duplex_measures_one_way_and_two_way_streams(cluster, tmp_path):
         assert 0 < one < 1.1 * 25.0 and 0 < two < 1.1 * 25.0 and ratio == pytest.approx(two / one, abs=0.01)
     record = json.loads(out.read_text())   # the same rows, for docs/data
     assert record["rate"] == "200mbit" and record["bytes_per_direction"] == 2 << 20
+    assert record["cluster"]["congestion_control"] == "reno" and record["cluster"]["hosts"] == 2
     saved = {(r["segment"], r["both"]): r["MBps_per_direction"] for r in record["rows"]}
     for seg, (one, two, _) in rows.items():
         assert saved[(seg, False)] == pytest.approx(one, abs=0.05) and saved[(seg, True)] == pytest.approx(two, abs=0.05)

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 from . import example, output
 from .output import subcommand_command, write_json
+from .provenance import provenance, utc_now
 
 DATA = {"folder": ["--data", "folder"], "memory-local": ["--data", "memory", "--shuffle", "local"],
         "memory-partial": ["--data", "memory", "--shuffle", "partial"],
@@ -99,6 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not os.path.isdir(os.path.join(tree, "train")):
         from ..data.photos import make_digits_folder
         print(make_digits_folder(tree), flush=True)
+    started = utc_now()
     rows: List[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in [int(s) for s in ns.seeds.split(",")]:
@@ -120,7 +122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     text = table(rows)
     print(text)
     if ns.json:
-        write_json(ns.json, {"argv": subcommand_command("accuracy", argv),
+        write_json(ns.json, {"argv": subcommand_command("accuracy", argv), **provenance(started),
                              "np": ns.np, "example_args": example_args, "runs": rows, "table": text})
     if ns.plot:
         plot(rows, ns.plot)

@@ -26,6 +26,7 @@ from .._executor import MPI_SEND_COPY_RANKS
 from ..config import ALGORITHMS
 from ..units import format_size, parse_size
 from .output import command, pyplot, save_png, write_json
+from .provenance import provenance, utc_now
 from .timing import interleaved, iterations
 
 DEFAULT_ALGORITHMS = "multicolor,ring,mpi,mpi-ring"
@@ -238,6 +239,7 @@ def plot(records: List[Dict], path: str, title: str) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     ns = parse_args(argv)
+    started = utc_now()
     mpit.prepare()  # before MPI_Init: the mpi-ring arm, and multicolor's own choice of Open MPI's ring
     from mpi4py import MPI
 
@@ -270,7 +272,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         failed = [r for r in records if r.get("correct") is False]
         if ns.json:
             write_json(ns.json, {"title": title, "label": ns.label, "argv": command(), "hosts": hosts,
-                                 "records": records})
+                                 **provenance(started), "records": records})
         if ns.plot:
             os.makedirs(os.path.dirname(os.path.abspath(ns.plot)), exist_ok=True)
             plot(records, ns.plot, title)

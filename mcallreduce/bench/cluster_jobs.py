@@ -18,6 +18,7 @@ from mcallreduce import launch
 from mcallreduce.bench.cluster_state import ClusterConfig, ClusterState
 from mcallreduce.bench.netns import ClusterError, namespaces, require_root, say, sh
 from mcallreduce.bench.output import write_text
+from mcallreduce.bench.provenance import cluster_env
 
 __all__ = ["ClusterJobs", "kill_processes_in", "write_launch_scripts"]
 
@@ -125,6 +126,7 @@ class ClusterJobs(ClusterState):
         # leave them behind (a killed job always does): one fresh base per job, removed after.
         tmpdir_base = tempfile.mkdtemp(prefix=f"{self.prefix}-ompi-")
         try:   # from here on: building the command line can raise too (a cluster that is down)
+            env = {**cluster_env(self._up_config()), **(env or {})}   # what the ranks' records say they ran on
             cmd = (self.horovodrun_gloo_argv(argv, np=np) if gloo else
                    self.mpirun_argv(argv, np=np, env=env, mca={"orte_tmpdir_base": tmpdir_base, **(mca or {})},
                                     extra=extra))

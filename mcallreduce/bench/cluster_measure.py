@@ -29,6 +29,7 @@ from ..mpit import forced_env
 from ..units import parse_size
 from .netns import require_root, say
 from .output import command, write_json
+from .provenance import provenance, utc_now
 
 CHUNK = 1 << 20
 PORT = 5201
@@ -286,6 +287,7 @@ def duplex_main(cluster, segments: str, total: str, window: int, json_path: Opti
     cfg = _two_hosts(cluster)
     if cfg is None:
         return 2
+    started = utc_now()
     say(f"duplex: host 0 <-> host 1 at {cfg.rate}, {window} messages in flight per direction")
     rows = _rank_job(cluster, "duplex", ["--segments", ",".join(str(parse_size(s)) for s in segments.split(",")),
                                          "--bytes", str(parse_size(total)), "--window", str(window)], 2)
@@ -297,7 +299,7 @@ def duplex_main(cluster, segments: str, total: str, window: int, json_path: Opti
         two = next(r["MBps_per_direction"] for r in rows if r["segment"] == seg and r["both"])
         print(f"{seg:>9} {one:>13.1f} {two:>15.1f} {two / one:>6.2f}")
     if json_path:
-        write_json(json_path, {"argv": command(), "rate": cfg.rate, "window": window,
+        write_json(json_path, {"argv": command(), **provenance(started, cfg), "rate": cfg.rate, "window": window,
                                "bytes_per_direction": parse_size(total), "rows": rows})
     return 0
 

@@ -15,12 +15,12 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from . import example
 from .output import subcommand_command, write_json
+from .provenance import provenance, utc_now
 from .timing import alternated, split_arm
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_synthetic_benchmark.py"
@@ -71,20 +71,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ValueError as exc:
             parser.error(str(exc))
     env = dict(item.split("=", 1) for item in ns.env)
+    started = utc_now()
     rows: List[Dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "runs.jsonl")
         for round_, arm in alternated(arms, ns.runs):
-            started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+            run_started = utc_now()
             run_arm(arm, ns, out, env)
             with open(out) as f:
                 row = json.loads(f.readlines()[-1])
-            row.update(arm=arm, round=round_ + 1, started=started)
+            row.update(arm=arm, round=round_ + 1, started=run_started)
             rows.append(row)
             print(f"round {round_ + 1} {arm}: {row['total_img_sec']:.2f} img/s", flush=True)
     text = table(rows)
     print(text)
     if ns.json:
-        write_json(ns.json, {"argv": subcommand_command("ddp", argv),
-                             "cluster": ns.cluster, "env": env, "runs": rows, "table": text})
+        from .cluster import Cluster
+        write_json(ns.json, {"argv": subcommand_command("ddp", argv), "env": env,
+                             **provenance(started, Cluster().config() if ns.cluster else None),
+                             "runs": rows, "table": text})
     return 0

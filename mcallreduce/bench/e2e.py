@@ -45,6 +45,7 @@ from .. import launch
 from ..units import parse_size
 from . import example, output
 from .output import subcommand_command, write_json
+from .provenance import provenance, utc_now
 from .thread_cpu import KINDS, ThreadCpu
 from .timing import alternated, split_arm
 
@@ -186,11 +187,11 @@ def plot(rows: List[dict], path: str) -> None:
     output.save_png(fig, path)
 
 
-def record(argv, config, per_host: int, rows: List[dict]) -> dict:
+def record(argv, config, per_host: int, rows: List[dict], started: str) -> dict:
     return {"argv": subcommand_command("e2e", argv), "hosts": config.hosts,
             "ranks_per_host": config.ranks_per_host, "rate": config.rate, "cpus_per_host": config.cpus_per_host,
             "cpu_period_ms": config.cpu_period_ms if config.cpus_per_host is not None else None,
-            "read_limit_per_host": per_host, "runs": rows}
+            "read_limit_per_host": per_host, **provenance(started, config), "runs": rows}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -238,6 +239,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             pack(os.path.join(tree, split), store, progress=False)
     cluster = Cluster()
     config = cluster.config()
+    started = utc_now()
     if config is None:
         parser.error("no emulated cluster is up: python -m mcallreduce.bench.cluster up --hosts 4 --rate 200mbit")
     per_host = parse_size(ns.read_limit, "--read-limit")
@@ -271,16 +273,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sampler = ThreadCpu(str(example.EXAMPLE)) if ns.cpu_by_thread else None
             if sampler:
                 sampler.start()
+            run_started = utc_now()
             metrics = example.train(["--data", data, "--train-dir", dirs["train"], "--val-dir", dirs["val"],
                                      "--epochs", ns.epochs, *more, *ns.example_args],
                                     os.path.join(tmp, f"{arm}-{round_}"), {**extra_env, **env}, cluster=cluster,
                                     timeout=ns.timeout)
-            row = summarise(arm, metrics, round_ + 1)
+            row = {**summarise(arm, metrics, round_ + 1), "started": run_started}
             if sampler:
                 row["cpu"] = sampler.stop()
             rows.append(row)
             if ns.json:     # after every run: a failure later keeps what was measured
-                write_json(ns.json, record(argv, config, per_host, rows))
+                write_json(ns.json, record(argv, config, per_host, rows, started))
             steady = (f" ({row['steady']['images_per_s']:.2f} img/s after the first step)"
                       if "steady" in row else "")
             print(f"round {round_ + 1} {arm}: {row['images_per_s']:.2f} img/s{steady}, epoch {row['epoch_s']:.1f} s, "
@@ -290,7 +293,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         text += "\n\n" + cpu_table(rows)
     print(text)
     if ns.json:
-        write_json(ns.json, {**record(argv, config, per_host, rows), "table": text})
+        write_json(ns.json, {**record(argv, config, per_host, rows, started), "table": text})
     if ns.plot:
         plot(rows, ns.plot)
     return 0

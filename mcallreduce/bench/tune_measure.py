@@ -31,6 +31,7 @@ import numpy as np
 from ..tuning import NONBLOCKING_SECTION, layout_name
 from ..units import format_size, parse_size
 from .output import command, write_json
+from .provenance import provenance, utc_now
 from .timing import interleaved, iterations
 
 #: (name, algorithm, overrides): the built-in choice, larger segments (which fast links may
@@ -132,6 +133,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "plugin and the DDP hook call), or both, each into rows of their own")
     ap.add_argument("--out", required=True, help="JSON table to write (the MCALLREDUCE_TUNING_FILE format)")
     ns = ap.parse_args(argv)
+    started = utc_now()
     os.environ["MCALLREDUCE_TUNING_FILE"] = "none"   # measure the built-in rules, not a table's
     from .. import config
     config.reload()
@@ -147,7 +149,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                                  nonblocking=kind == "nonblocking")} for kind in kinds}
     if MPI.COMM_WORLD.Get_rank() == 0:
         table = {"measured": True, "measured_at_unix": int(time.time()),
-                 "mpi": MPI.Get_library_version().split("\n")[0].strip("\0 "), "argv": command(), **sections}
+                 "mpi": MPI.Get_library_version().split("\n")[0].strip("\0 "), "argv": command(),
+                 **provenance(started), **sections}
         write_json(ns.out, table)
         print(f"# wrote {ns.out} ({layout})", file=sys.stderr)
     return 0

@@ -25,6 +25,7 @@ import sys
 import time
 
 from ..bench.output import write_json, write_text
+from ..bench.provenance import provenance, utc_now
 from .bench_measure import (NoDecode, decode_per_core, memory_worker, round_robin, run_memory, source_paths,
                             time_epochs)
 from .bench_report import format_decode_table, format_table, plot
@@ -74,6 +75,7 @@ def run(args) -> int:
     from .format import pack
     from .store import ImageStore
     from .transforms import TrainTransform
+    started = utc_now()
     command = "python -m mcallreduce.data bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:])
     root = prepare_data(args)
     store_path = os.path.join(args.out, "train.mcstore")
@@ -87,7 +89,7 @@ def run(args) -> int:
         table = "\n".join([f"`{command}`", ""] + format_decode_table(d))
         print(table)
         write_json(os.path.join(args.out, "decode.json"),
-                   {"command": command, "cpus": os.cpu_count(), "decode_per_core": d})
+                   {"command": command, **provenance(started), "cpus": os.cpu_count(), "decode_per_core": d})
         print(f"wrote {args.out}/decode.json", file=sys.stderr)
         return 0
     limits = parse_read_limits(args.cold_read_limits)
@@ -129,7 +131,7 @@ def run(args) -> int:
     table = format_table(results)
     print(table)
     write_text(os.path.join(args.out, "bench.md"), table + "\n")
-    write_json(os.path.join(args.out, "bench.json"), results)
+    write_json(os.path.join(args.out, "bench.json"), {**provenance(started), **results})
     plot(results, os.path.join(args.out, "bench.png"))
     print(f"wrote {args.out}/bench.md, bench.json, bench.png", file=sys.stderr)
     return 0

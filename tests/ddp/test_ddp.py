@@ -78,6 +78,7 @@ def test_the_ddp_benchmark_runs_every_arm_and_writes_its_table(tmp_path):
     assert doc["runs"][1]["arm"] == "hook:MCALLREDUCE_PROGRESS_THREAD=0"   # an arm with a variable of its own
     assert all(r["ranks"] == 2 and r["total_img_sec"] > 0 for r in doc["runs"])
     assert "| hook:MCALLREDUCE_PROGRESS_THREAD=0 |" in doc["table"] and "vs gloo" in doc["table"]
+    assert doc["started"] <= doc["runs"][0]["started"] <= doc["finished"] and doc["cluster"] is None   # on this host
 
 
 def test_without_an_mpi_launcher_env_rendezvous_is_torchs_own(monkeypatch):

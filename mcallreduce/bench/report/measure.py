@@ -5,7 +5,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Dict, List
 from ...sim.model import link_bytes_per_s
 from ..autogroups import state_word
 from ..output import write_json
+from ..provenance import machine, provenance, utc_now
 
 REPO = Path(__file__).resolve().parents[3]
 ALGOS = ("multicolor", "ring", "mpi", "mpi-ring")
@@ -36,7 +36,7 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
         calibrated = False
         big_done = False
         for hosts, rph in ns.setups:
-            t0 = time.time()
+            t0, started = time.time(), utc_now()
             cluster.up(hosts, rate=ns.rate, ranks_per_host=rph)
             autogroups.add(state_word(cluster.autogroups.enabled()))
             if not calibrated:
@@ -74,7 +74,8 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
                 records += measure_horovod(cluster, ns, env, data)
             write_json(data / f"bench-{setup_name(hosts, rph)}.json",
                        {"setup": setup_name(hosts, rph), "hosts": hosts, "ranks_per_host": rph,
-                        "rate": ns.rate, "cpus": os.cpu_count(), "barrier": barrier, "records": records})
+                        "rate": ns.rate, "cpus": os.cpu_count(), "barrier": barrier,
+                        **provenance(started, cluster.config()), "records": records})
             log.append(f"{setup_name(hosts, rph)}: {time.time() - t0:.0f} s")
             print(f"[report] {log[-1]}", file=sys.stderr, flush=True)
     finally:
@@ -82,12 +83,6 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
     if not ns.latency_only:
         write_json(data / "sweep-log.json", {"log": log, "date": time.strftime("%Y-%m-%d %H:%M"),
                                              "autogroups": autogroups_word(autogroups), "machine": machine()})
-
-
-def machine() -> dict:
-    """Where the sweep ran, kept with its log so that re-rendering elsewhere does not relabel it."""
-    return {"node": platform.node(), "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version()}
 
 
 def autogroups_word(words: set) -> str:

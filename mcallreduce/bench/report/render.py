@@ -13,7 +13,8 @@ from ...sim.model import link_bytes_per_s, paper
 from ...units import format_size
 from ...shaping import tbf_burst_bytes
 from ..output import save_png, write_text
-from .measure import ALGOS, machine
+from ..provenance import machine
+from .measure import ALGOS
 from .model import BUCKET_BYTES, lookup
 
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
