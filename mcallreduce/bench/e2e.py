@@ -188,10 +188,9 @@ def plot(rows: List[dict], path: str) -> None:
 
 
 def record(argv, config, per_host: int, rows: List[dict], started: str) -> dict:
-    return {"argv": subcommand_command("e2e", argv), "hosts": config.hosts,
-            "ranks_per_host": config.ranks_per_host, "rate": config.rate, "cpus_per_host": config.cpus_per_host,
-            "cpu_period_ms": config.cpu_period_ms if config.cpus_per_host is not None else None,
-            "read_limit_per_host": per_host, **provenance(started, config), "runs": rows}
+    """The run's record; ``cluster`` holds the cluster's layout, rate and CPU budget."""
+    return {"argv": subcommand_command("e2e", argv), "read_limit_per_host": per_host,
+            **provenance(started, config), "runs": rows}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
