@@ -1,8 +1,9 @@
 """The kernel's control groups, as far as this package uses them: finding a controller's
 hierarchy (cgroup v1, or the v2 unified one), a process's place in it, and moving processes.
 
-Two users: the read throttle of the data benchmarks (``io``/``blkio``, data/throttle.py) and
-the CPU budget per emulated host (``cpu``, bench/cluster_cpu.py). Both need root.
+Three users: the read throttle of the data benchmarks (``io``/``blkio``, data/throttle.py) and
+the CPU budget per emulated host (``cpu``, bench/cluster_cpu.py), which need root; and
+:func:`usable_cores`, which only reads: the cores this process may run on, for the policy.
 """
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["CgroupError", "Hierarchy", "cap_cpu", "cpu_hierarchy", "find_hierarchy", "own_cgroup", "write"]
+__all__ = ["CgroupError", "Hierarchy", "cap_cpu", "cpu_hierarchy", "cpu_quota_cores", "find_hierarchy", "own_cgroup",
+           "usable_cores", "write"]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 V2_ROOTS = (CGROUP_ROOT, os.path.join(CGROUP_ROOT, "unified"))   # unified alone, or beside v1 ("hybrid")
@@ -81,6 +83,53 @@ def cap_cpu(hierarchy: Hierarchy, path: str, cpus: float, period_ms: float) -> N
         write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
     else:
         write(os.path.join(path, "cpu.max"), f"{quota} {period}")
+
+
+def _quota_cores(hierarchy: Hierarchy, path: str) -> Optional[float]:
+    """The CPU quota of one cgroup in cores, or None where it has none (or it cannot be read)."""
+    try:
+        if hierarchy.version == 1:
+            with open(os.path.join(path, "cpu.cfs_quota_us")) as q, open(os.path.join(path, "cpu.cfs_period_us")) as p:
+                quota, period = int(q.read()), int(p.read())
+        else:
+            with open(os.path.join(path, "cpu.max")) as f:
+                fields = f.read().split()
+            if fields[0] == "max":
+                return None
+            quota, period = int(fields[0]), int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def cpu_quota_cores() -> Optional[float]:
+    """The tightest CPU quota, in cores, from this process's cgroup up to its hierarchy's root (a
+    container's, a batch job's or an emulated host's limit); None where none is set or none can be read."""
+    try:
+        hierarchy = cpu_hierarchy()
+        if hierarchy is None:
+            return None
+        root, path = os.path.realpath(hierarchy.root), os.path.realpath(hierarchy.own())
+    except (OSError, CgroupError, ValueError):
+        return None
+    quotas = []
+    while True:
+        quotas.append(_quota_cores(hierarchy, path))
+        if path == root or not path.startswith(root + os.sep):
+            break
+        path = os.path.dirname(path)
+    return min((q for q in quotas if q is not None), default=None)
+
+
+def usable_cores() -> float:
+    """The cores this process may use: those its CPU affinity allows (mpirun's binding, taskset, a
+    batch system's), capped by its cgroups' CPU quota."""
+    try:
+        cores: float = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    quota = cpu_quota_cores()
+    return min(cores, quota) if quota is not None else cores
 
 
 def own_cgroup(controller: Optional[str]) -> str:

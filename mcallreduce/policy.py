@@ -9,10 +9,10 @@ the layout, or is off, the size rules below decide. Pure Python, no MPI: tests c
 """
 from __future__ import annotations
 
-import os
 from typing import Mapping, Optional, Sequence, Tuple
 
 from .algorithms import Params
+from .cgroups import usable_cores
 from .config import ALGORITHMS, MPI_ALGORITHMS, ROUTES, Config, progress_thread_setting
 from .tuning import BUILTIN_TABLE, has_nonblocking_rows, lookup
 
@@ -193,10 +193,14 @@ def resolve(config: Config, nbytes: int, itemsize: int,
                                     hierarchical=hierarchical, depth=config.depth, route=route)
 
 
-def progress_thread(hosts: Sequence[Sequence[int]], environ: Optional[Mapping[str, str]] = None) -> bool:
+def progress_thread(hosts: Sequence[Sequence[int]], environ: Optional[Mapping[str, str]] = None,
+                    cores: Optional[float] = None) -> bool:
     """Whether the Horovod plugin and the DDP hook start the progress thread on this layout: as
     ``MCALLREDUCE_PROGRESS_THREAD`` says, and on ``auto`` only where every host has a core to spare
     for it (more cores than ranks), since MPI's progress loop polls a core while allreduces are
-    in flight (an idle thread sleeps)."""
+    in flight (an idle thread sleeps). ``cores``: a host's usable cores (default: this process's,
+    its affinity and cgroup quota counted, :func:`mcallreduce.cgroups.usable_cores`)."""
     forced = progress_thread_setting(environ)
-    return (os.cpu_count() or 1) > max(len(host) for host in hosts) if forced is None else forced
+    if forced is not None:
+        return forced
+    return (usable_cores() if cores is None else cores) > max(len(host) for host in hosts)

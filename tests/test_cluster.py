@@ -260,6 +260,24 @@ def test_cpu_overlap_measures_two_capped_processes_and_restores_the_slice():
     assert cpu_overlap.both_running([(0, 10), (20, 30)], [(5, 25)]) == 10
 
 
+def test_a_process_in_a_capped_cgroup_counts_its_quota_and_keeps_no_progress_thread():
+    from mcallreduce.cgroups import cap_cpu, cpu_hierarchy
+    hierarchy = cpu_hierarchy()
+    if hierarchy is None or os.geteuid() != 0:
+        pytest.skip("no cgroup cpu controller, or not root")
+    path = hierarchy.ensure(f"mctest-quota-{os.getpid()}")
+    try:
+        cap_cpu(hierarchy, path, 0.5, 10)   # a container's or a batch job's half core
+        code = ("from mcallreduce.cgroups import usable_cores; from mcallreduce.policy import progress_thread; "
+                "print(usable_cores(), progress_thread([[0]], {}))")
+        proc = subprocess.run(["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', os.path.join(path, "cgroup.procs"),
+                               sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == ["0.5", "False"]   # one rank, half a core: none to spare for the thread
+    finally:
+        os.rmdir(path)
+
+
 @needs_cluster
 def test_a_cpu_budget_per_host_caps_a_rank_with_its_threads_and_children(cluster, tmp_path):
     if cluster.cpu_budget.hierarchy is None:

@@ -128,11 +128,33 @@ def test_nonblocking_calls_follow_the_rows_measured_with_them(tmp_path):
 
 
 def test_progress_thread_on_auto_only_where_the_host_has_a_core_to_spare():
-    import os
+    from mcallreduce.cgroups import usable_cores
     from mcallreduce.policy import progress_thread
-    cores = os.cpu_count() or 1
+    cores = int(usable_cores())
     full, spare = [list(range(cores))], [list(range(cores - 1)) or [0]]   # one host: as many ranks as cores, or one fewer
     assert progress_thread(full, {}) is False and progress_thread(spare, {}) is (cores > 1)
     assert progress_thread(full + spare, {}) is False   # the most crowded host decides
     assert progress_thread(full, {"MCALLREDUCE_PROGRESS_THREAD": "1"}) is True
     assert progress_thread([[0]], {"MCALLREDUCE_PROGRESS_THREAD": "0"}) is False
+    # a host's usable cores, not the machine's: a quota of half a core leaves none to spare for one rank
+    assert progress_thread([[0]], {}, cores=0.5) is False and progress_thread([[0]], {}, cores=1.5) is True
+
+
+def test_usable_cores_take_the_tightest_quota_up_the_cgroup_tree(tmp_path, monkeypatch):
+    import os
+    from mcallreduce import cgroups
+    for version, files in ((2, {"a/cpu.max": "150000 100000", "a/b/cpu.max": "max 100000", "a/b/c/cpu.max": "max 100000"}),
+                           (1, {"a/cpu.cfs_quota_us": "50000", "a/cpu.cfs_period_us": "100000",
+                                "a/b/cpu.cfs_quota_us": "-1", "a/b/cpu.cfs_period_us": "100000"})):
+        root = tmp_path / f"v{version}"
+        for name, text in files.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(text + "\n")
+        leaf = "/a/b/c" if version == 2 else "/a/b"
+        monkeypatch.setattr(cgroups, "cpu_hierarchy", lambda root=root, v=version: cgroups.Hierarchy("cpu", v, str(root), "cpu"))
+        monkeypatch.setattr(cgroups, "own_cgroup", lambda controller, leaf=leaf: leaf)
+        want = 1.5 if version == 2 else 0.5
+        assert cgroups.cpu_quota_cores() == want
+        assert cgroups.usable_cores() == min(want, len(os.sched_getaffinity(0)))
+    monkeypatch.setattr(cgroups, "cpu_hierarchy", lambda: None)   # no cpu controller: the affinity alone
+    assert cgroups.cpu_quota_cores() is None and cgroups.usable_cores() == len(os.sched_getaffinity(0))
