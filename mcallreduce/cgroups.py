@@ -104,7 +104,8 @@ def _quota_cores(hierarchy: Hierarchy, path: str) -> Optional[float]:
 
 def cpu_quota_cores() -> Optional[float]:
     """The tightest CPU quota, in cores, from this process's cgroup up to its hierarchy's root (a
-    container's, a batch job's or an emulated host's limit); None where none is set or none can be read."""
+    container's or a batch job's limit); None where none is set or none can be read (inside the emulated
+    cluster's namespaces, whose /sys has no cgroup hierarchies: docs/cluster.md, "Caveats")."""
     try:
         hierarchy = cpu_hierarchy()
         if hierarchy is None:
