@@ -104,8 +104,7 @@ def _quota_cores(hierarchy: Hierarchy, path: str) -> Optional[float]:
 
 def cpu_quota_cores() -> Optional[float]:
     """The tightest CPU quota, in cores, from this process's cgroup up to its hierarchy's root (a
-    container's or a batch job's limit); None where none is set or none can be read (inside the emulated
-    cluster's namespaces, whose /sys has no cgroup hierarchies: docs/cluster.md, "Caveats")."""
+    container's or a batch job's limit, or an emulated host's); None where none is set or none can be read."""
     try:
         hierarchy = cpu_hierarchy()
         if hierarchy is None:

@@ -214,6 +214,8 @@ def test_up_is_idempotent_and_changes_rate_slots_and_mtu_in_place(cluster, tmp_p
 BURN_JOB = textwrap.dedent("""
     import os, threading, time
     from mpi4py import MPI
+    from mcallreduce.cgroups import usable_cores
+    from mcallreduce.policy import progress_thread
 
     def burn(seconds=1.5):
         start = time.monotonic()
@@ -235,7 +237,8 @@ BURN_JOB = textwrap.dedent("""
     os.waitpid(child, 0)
     after, wall = os.times(), time.monotonic() - start
     cores = (sum(after[:4]) - sum(before[:4])) / wall   # user + system, own and the child's
-    rows = MPI.COMM_WORLD.gather(f"{MPI.COMM_WORLD.rank} {cgroup} {cores:.3f}")
+    seen = f"{usable_cores():g} {progress_thread([[0]], {})}"     # what the policy counts on this host
+    rows = MPI.COMM_WORLD.gather(f"{MPI.COMM_WORLD.rank} {cgroup} {cores:.3f} {seen}")
     if MPI.COMM_WORLD.rank == 0:
         print("\\n".join(rows), flush=True)
 """)
@@ -294,6 +297,8 @@ def test_a_cpu_budget_per_host_caps_a_rank_with_its_threads_and_children(cluster
         assert [(r[0], r[1]) for r in rows] == [("0", f"/{PREFIX}-h0"), ("1", f"/{PREFIX}-h1")], rows
         # three busy loops (main thread, a thread, a forked child) get a quarter of a core together
         assert all(0.15 < float(r[2]) < 0.35 for r in rows), rows
+        # and each rank sees its host's quarter core, as a container's, so `auto` keeps no progress thread
+        assert [r[3:] for r in rows] == [["0.25", "False"]] * 2, rows
         budgeted = max(float(r[2]) for r in rows)
     finally:
         cluster.up(2, rate="200mbit")
@@ -301,6 +306,7 @@ def test_a_cpu_budget_per_host_caps_a_rank_with_its_threads_and_children(cluster
     rows = sorted(line.split() for line in cluster.run([sys.executable, str(script)], timeout=120).stdout.splitlines())
     assert len(rows) == 2 and not any(PREFIX in r[1] for r in rows), rows
     assert all(float(r[2]) > 2 * budgeted for r in rows), rows     # the shared machine again
+    assert all(float(r[3]) == len(os.sched_getaffinity(0)) for r in rows), rows
 
 
 @needs_cluster
@@ -387,7 +393,8 @@ def test_two_rails_up_then_down_removes_everything():
                        prefix=prefix).returncode == 0
             budget = Cluster(prefix).cpu_budget
             assert budget.cgroup_names() == [f"{prefix}-h0", f"{prefix}-h1"]
-            assert [str(budget.mount_point(h)) for h in (0, 1)] == leftovers(prefix)[-2:]
+            assert [str(budget.mount_point(h)) for h in (0, 1)] + [str(budget.root_mount_point())] == \
+                leftovers(prefix)[-3:]
     finally:
         proc = cli("down", prefix=prefix)
     assert proc.returncode == 0, proc.stderr

@@ -9,7 +9,9 @@ ranks and every process they start (DataLoader workers) stay inside it.
 
 ``ip netns exec`` mounts a fresh ``/sys`` without the cgroup hierarchies, so each host's
 cgroup is also bind-mounted under the cluster's state directory (``cpu-h<i>``), where the
-agent, running in mpirun's namespace, can still reach it.
+agent, running in mpirun's namespace, can still reach it, and so is the hierarchy's root
+(``cpu-root``), which the agent mounts back in its place inside each host's namespace so that
+a rank reads its host's budget as it would a container's (``cgroups.usable_cores``).
 """
 from __future__ import annotations
 
@@ -48,6 +50,13 @@ class HostCpuBudget:
     def mount_point(self, host: int) -> Path:
         return self.state_dir / f"cpu-h{host}"
 
+    def root_mount_point(self) -> Path:
+        return self.state_dir / "cpu-root"
+
+    def root_in_namespace(self) -> Tuple[str, str]:
+        """(where the hierarchy's root is reachable from any namespace, where a host's namespace mounts it)."""
+        return str(self.root_mount_point()), self._require().root
+
     def procs_file(self, host: int) -> str:
         """Writing a pid here moves that process (and its future children) into the host's budget;
         the path works inside ``ip netns exec`` too."""
@@ -68,6 +77,10 @@ class HostCpuBudget:
             if not os.path.ismount(mount_point):
                 mount_point.mkdir(parents=True, exist_ok=True)
                 sh("mount", "--bind", path, str(mount_point))
+        root_mount = self.root_mount_point()
+        if not os.path.ismount(root_mount):
+            root_mount.mkdir(parents=True, exist_ok=True)
+            sh("mount", "--bind", hierarchy.root, str(root_mount))
 
     def limit(self, host: int) -> Optional[Tuple[float, float]]:
         """(cores, period in ms) as the kernel holds them; None when the host has no cgroup or no cap."""
@@ -108,7 +121,7 @@ class HostCpuBudget:
                     raise ClusterError(f"cpu cgroup {path} still holds processes {_members(path)}: "
                                        f"stop them, then run down again")
                 time.sleep(0.05)
-        for mount_point in sorted(self.state_dir.glob("cpu-h*")):
+        for mount_point in sorted(self.state_dir.glob("cpu-*")):
             if os.path.ismount(mount_point):
                 sh("umount", str(mount_point))
             mount_point.rmdir()     # never a recursive removal: it could be a cgroup still

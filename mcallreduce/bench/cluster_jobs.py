@@ -27,6 +27,7 @@ def write_launch_scripts(cluster: ClusterState, cfg: ClusterConfig) -> None:
     """The rsh agent: called like ssh (host, then a command line), runs it in that host's ns;
     and the ssh shim over it for horovodrun."""
     budget = cluster.cpu_budget if cfg.cpus_per_host is not None else None
+    cgroot, cgmnt = budget.root_in_namespace() if budget else ("", "")
     cases = "\n".join(
         f"  {'|'.join(cfg.host_address(i, r) for r in range(cfg.rails))}) ns={cluster.host_ns(i)}"
         + (f" cg={budget.procs_file(i)}" if budget else "") + " ;;"
@@ -37,6 +38,8 @@ def write_launch_scripts(cluster: ClusterState, cfg: ClusterConfig) -> None:
 while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done
 host=$1; shift
 cg=
+cgroot={cgroot}
+cgmnt={cgmnt}
 case "$host" in
 {cases}
   *) echo "rsh agent of cluster '{cluster.prefix}': unknown host $host" >&2; exit 255 ;;
@@ -45,9 +48,15 @@ esac
 if [ -n "$cg" ]; then echo $$ > "$cg" || exit 255; fi
 # Its own UTS namespace too, so each host has its own hostname (= namespace name): Open MPI
 # names shared-memory segments and its per-job temporary directories by hostname, and ranks of two hosts that
-# share one collide (vader segfaults when R > 1).
+# share one collide (vader segfaults when R > 1). ip netns exec's fresh /sys has no cgroups:
+# with a budget, its hierarchy goes back in place, so the ranks can read their host's quota.
 exec ip netns exec "$ns" unshare --uts /bin/sh -c \
-  'echo "$0" > /proc/sys/kernel/hostname && exec /bin/sh -c "$1"' "$ns" "$*"
+  'echo "$0" > /proc/sys/kernel/hostname || exit 255
+   if [ -n "$2" ]; then
+     {{ [ "$3" = /sys/fs/cgroup ] || {{ mount -t tmpfs cgroups /sys/fs/cgroup && mkdir -p "$3"; }}; }} &&
+       mount --bind "$2" "$3" || exit 255
+   fi
+   exec /bin/sh -c "$1"' "$ns" "$*" "$cgroot" "$cgmnt"
 """
     write_text(cluster.agent_path, script, mode=0o755)
     # horovodrun starts Gloo workers with ssh (options, host, options, command), and Gloo

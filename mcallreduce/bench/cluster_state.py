@@ -157,6 +157,8 @@ class ClusterState:
             budget = self.cpu_budget
             missing += [f"cpu cgroup of host {i}" for i in range(cfg.hosts)
                         if budget.limit(i) is None or not os.path.ismount(budget.mount_point(i))]
+            if not os.path.ismount(budget.root_mount_point()):
+                missing.append("the cpu hierarchy's mount for the ranks")
         return missing
 
     def is_up(self) -> bool:

@@ -13,7 +13,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = sub.add_parser("pack", help="pack an ImageFolder tree into one store file")
     p.add_argument("src", help="ImageFolder root (one sub-folder per class)")
     p.add_argument("dst", help="store file to write (atomically)")
-    p.add_argument("--workers", type=int, default=None, help="reader/checker processes (default: all cores)")
+    p.add_argument("--workers", type=int, default=None, help="reader/checker processes (default: the cores this process may use)")
     p.add_argument("--abort-on-corrupt", action="store_true",
                    help="stop at the first file that is not a decodable image (default: report and skip it)")
     p.add_argument("--check", choices=("decode", "header", "none"), default="decode",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import multiprocessing
 import os
 import struct
@@ -34,6 +35,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..cgroups import usable_cores
 from . import progress as progress_bar
 
 MAGIC = b"MCIMSTOR"
@@ -160,7 +162,7 @@ def pack(src: str, dst: str, *, workers: Optional[int] = None, on_error: str = "
     if on_error not in ("skip", "abort"):
         raise ValueError(f"on_error must be 'skip' or 'abort', got {on_error!r}")
     index = scan_image_folder(src)
-    workers = workers or os.cpu_count() or 1
+    workers = workers or max(1, math.ceil(usable_cores()))   # a container's or batch job's cores, not the machine's
     jobs = [(index.root, index.paths[i:i + batch], check) for i in range(0, len(index), batch)]
     dst = os.path.abspath(dst)
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(dst) + ".", suffix=".tmp", dir=os.path.dirname(dst))
