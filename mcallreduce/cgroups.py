@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 __all__ = ["CgroupError", "Hierarchy", "cap_cpu", "cpu_hierarchy", "cpu_quota_cores", "find_hierarchy", "own_cgroup",
-           "usable_cores", "write"]
+           "read_cpu_cap", "usable_cores", "write"]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 V2_ROOTS = (CGROUP_ROOT, os.path.join(CGROUP_ROOT, "unified"))   # unified alone, or beside v1 ("hybrid")
@@ -85,8 +85,9 @@ def cap_cpu(hierarchy: Hierarchy, path: str, cpus: float, period_ms: float) -> N
         write(os.path.join(path, "cpu.max"), f"{quota} {period}")
 
 
-def _quota_cores(hierarchy: Hierarchy, path: str) -> Optional[float]:
-    """The CPU quota of one cgroup in cores, or None where it has none (or it cannot be read)."""
+def read_cpu_cap(hierarchy: Hierarchy, path: str) -> Optional[Tuple[float, float]]:
+    """The CPU cap of cgroup ``path`` as (cores, period in ms), the reverse of :func:`cap_cpu`; None
+    where it has none (or it cannot be read)."""
     try:
         if hierarchy.version == 1:
             with open(os.path.join(path, "cpu.cfs_quota_us")) as q, open(os.path.join(path, "cpu.cfs_period_us")) as p:
@@ -99,7 +100,7 @@ def _quota_cores(hierarchy: Hierarchy, path: str) -> Optional[float]:
             quota, period = int(fields[0]), int(fields[1])
     except (OSError, ValueError, IndexError):
         return None
-    return quota / period if quota > 0 and period > 0 else None
+    return (quota / period, period / 1000) if quota > 0 and period > 0 else None
 
 
 def cpu_quota_cores() -> Optional[float]:
@@ -114,7 +115,8 @@ def cpu_quota_cores() -> Optional[float]:
         return None
     quotas = []
     while True:
-        quotas.append(_quota_cores(hierarchy, path))
+        cap = read_cpu_cap(hierarchy, path)
+        quotas.append(cap[0] if cap else None)
         if path == root or not path.startswith(root + os.sep):
             break
         path = os.path.dirname(path)

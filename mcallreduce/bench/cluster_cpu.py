@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Optional, Tuple
 
-from mcallreduce.cgroups import Hierarchy, cap_cpu, cpu_hierarchy
+from mcallreduce.cgroups import Hierarchy, cap_cpu, cpu_hierarchy, read_cpu_cap
 from mcallreduce.bench.netns import ClusterError, sh
 
 __all__ = ["DEFAULT_CPU_PERIOD_MS", "HostCpuBudget"]
@@ -73,34 +73,12 @@ class HostCpuBudget:
             except OSError as err:
                 raise ClusterError(f"cannot set up the cpu cgroup of host {host} in {hierarchy.root} ({err}); "
                                    f"inside a container the cgroups may be read-only or delegated elsewhere") from None
-            mount_point = self.mount_point(host)
-            if not os.path.ismount(mount_point):
-                mount_point.mkdir(parents=True, exist_ok=True)
-                sh("mount", "--bind", path, str(mount_point))
-        root_mount = self.root_mount_point()
-        if not os.path.ismount(root_mount):
-            root_mount.mkdir(parents=True, exist_ok=True)
-            sh("mount", "--bind", hierarchy.root, str(root_mount))
+            _bind(path, self.mount_point(host))
+        _bind(hierarchy.root, self.root_mount_point())
 
     def limit(self, host: int) -> Optional[Tuple[float, float]]:
         """(cores, period in ms) as the kernel holds them; None when the host has no cgroup or no cap."""
-        hierarchy = self.hierarchy
-        if hierarchy is None:
-            return None
-        path = self.path(host)
-        try:
-            if hierarchy.version == 1:
-                with open(os.path.join(path, "cpu.cfs_quota_us")) as f:
-                    quota = int(f.read())
-                with open(os.path.join(path, "cpu.cfs_period_us")) as f:
-                    period = int(f.read())
-            else:
-                with open(os.path.join(path, "cpu.max")) as f:
-                    text_quota, text_period = f.read().split()
-                quota, period = (-1 if text_quota == "max" else int(text_quota)), int(text_period)
-        except OSError:
-            return None
-        return (quota / period, period / 1000) if quota > 0 else None
+        return None if self.hierarchy is None else read_cpu_cap(self.hierarchy, self.path(host))
 
     def cgroup_names(self) -> list[str]:
         """Every cgroup of this cluster in the cpu hierarchy, whatever its host count was."""
@@ -128,6 +106,13 @@ class HostCpuBudget:
         for path in paths:
             os.rmdir(path)
         return names
+
+
+def _bind(src: str, mount_point: Path) -> None:
+    """Bind-mount ``src`` at ``mount_point`` unless something is mounted there already."""
+    if not os.path.ismount(mount_point):
+        mount_point.mkdir(parents=True, exist_ok=True)
+        sh("mount", "--bind", src, str(mount_point))
 
 
 def _members(path: str) -> list[int]:
