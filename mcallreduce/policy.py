@@ -52,8 +52,8 @@ RING_ROUTE_MAX_HOSTS = 8   # measured up to 8 hosts; beyond, the ring's 2(N-1) h
 DOUBLING_BYTES = SMALL_BYTES
 DOUBLING_PAIR_BYTES = 256 << 10
 # Across hosts, above the latency regime and up to the fused limit, halving fused with its check
-# beat MPI's allreduce after the check and our trees on every layout of more than two ranks
-# measured, at both link speeds (docs/algorithms.md, "Halving along the check"); a pair across
+# beat MPI's allreduce after the check and our trees on every power-of-two layout of more than two
+# ranks measured, at both link speeds (docs/algorithms.md, "Halving along the check"); a pair across
 # hosts keeps doubling up to PAIR_HALVING_ABOVE_BYTES, where halving's second round starts to pay.
 HALVING_BETWEEN_BYTES = (DOUBLING_BYTES, FUSED_MAX_BYTES)
 PAIR_HALVING_ABOVE_BYTES = 64 << 10

@@ -1,19 +1,19 @@
 /* The cross-rank metadata check, and the small allreduces that travel with it.
  *
- * Every call of every rank runs the same recursive doubling over all ranks (a rank past the
- * largest power of two first hands its part to a partner and gets the result back at the
- * end). Each message is [the MAX of the metadata vectors seen so far | data]: the data only
- * in a fused call, a small allreduce reduced along the way (so it costs the check's
- * latency and nothing more). A message travels in pieces of at most `piece_bytes` (across
- * hosts: under the TCP eager limit, so no piece waits for a clear-to-send round trip); its
- * first piece starts with [total bytes | piece bytes], from which the receiver posts the
- * rest. The first receive is always posted for the largest message any call sends, so
- * ranks that disagree about a call still exchange the same messages, see the difference
- * and raise instead of hanging; a fused call's data is reduced only while both
- * sides agree, into a copy, and reaches the user's buffer only once every rank agreed.
- * The MAX over [x, -x] equals this rank's vector exactly when every rank sent the same
- * (mcallreduce/metadata.py). Both partners of an exchange combine the lower rank's data as
- * the left operand, so every rank computes bitwise the same result.
+ * Every call of every rank runs the same recursive doubling over all ranks (for a count that is
+ * not a power of two, each odd rank of the first 2r first hands its part to the even one below
+ * and gets the result back at the end, as the schedules fold). Each message is [the MAX of the
+ * metadata vectors seen so far | data]: the data only in a fused call, a small allreduce
+ * reduced along the way (so it costs the check's latency and nothing more). A message travels
+ * in pieces of at most `piece_bytes` (across hosts: under the TCP eager limit, so no piece
+ * waits for a clear-to-send round trip); its first piece starts with [total bytes | piece
+ * bytes], from which the receiver posts the rest. The first receive is always posted for the
+ * largest message any call sends, so ranks that disagree about a call still exchange the same
+ * messages, see the difference and raise instead of hanging; a fused call's data is reduced
+ * only while both sides agree, into a copy, and reaches the user's buffer only once every rank
+ * agreed. The MAX over [x, -x] equals this rank's vector exactly when every rank sent the same
+ * (mcallreduce/metadata.py). Both partners of an exchange combine the lower rank's data as the
+ * left operand, so every rank computes bitwise the same result.
  *
  * A fused halving call (Rabenseifner's, for messages where doubling's whole-buffer exchanges
  * cost more than its extra latencies) sends in each exchange only the half of its range that
@@ -53,35 +53,47 @@ static int log2_of(int p2) {
 enum { FOLD_IN = 1, EXCHANGE, GATHER, FOLD_OUT, HAND_OVER };
 typedef struct { int phase, peer, send_tag, recv_tag, bit; } cstep_t;   /* tags -1: no send / no receive */
 
+/* The fold of a rank count that is not a power of two, as in algorithms/doubling.py (and
+   MPICH's and Open MPI's): of the first 2r ranks (r = p - p2) each odd one hands its data to the
+   even one below and gets the result back; the others take part as virtual ranks 0..p2-1, in
+   rank order, so ranks numbered host by host fold on their host. */
+static int virtual_of(int rank, int extra) { return rank < 2 * extra ? rank / 2 : rank - extra; }
+static int real_of(int v, int extra) { return v < extra ? 2 * v : v + extra; }
+
 /* Step k of this rank (0 when done), `gather` the allgather's exchanges it takes (a fused
    halving call once every rank agreed). Tags: 0 the fold-in, 1 + i the exchange across bit i,
    1 + log2(p2) the fold-out, 2 + log2(p2) + i the allgather's across bit i. */
 static int step_of(int rank, int p, int k, int gather, cstep_t *s) {
     int p2 = largest_power_of_two(p), extra = p - p2, bits = log2_of(p2);
     s->bit = -1;
-    if (rank >= p2) {                     /* hand over, get the result back */
-        *s = (cstep_t){k > 0 ? 0 : HAND_OVER, rank - p2, 0, 1 + bits, -1};
+    if (rank < 2 * extra && rank % 2) {   /* hand over, get the result back */
+        *s = (cstep_t){k > 0 ? 0 : HAND_OVER, rank - 1, 0, 1 + bits, -1};
         return s->phase;
     }
-    int first = rank < extra ? 1 : 0;     /* ranks with a partner past p2 fold it in first */
-    int i = k - first;
-    if (first && k == 0) *s = (cstep_t){FOLD_IN, rank + p2, -1, 0, -1};
-    else if (i < bits) *s = (cstep_t){EXCHANGE, rank ^ (1 << i), 1 + i, 1 + i, i};
+    int first = rank < 2 * extra ? 1 : 0;   /* folds its odd neighbour in first */
+    int v = virtual_of(rank, extra), i = k - first;
+    if (first && k == 0) *s = (cstep_t){FOLD_IN, rank + 1, -1, 0, -1};
+    else if (i < bits) *s = (cstep_t){EXCHANGE, real_of(v ^ (1 << i), extra), 1 + i, 1 + i, i};
     else if (i < bits + gather) {
         int bit = bits - 1 - (i - bits);
-        *s = (cstep_t){GATHER, rank ^ (1 << bit), 2 + bits + bit, 2 + bits + bit, bit};
-    } else if (first && i == bits + gather) *s = (cstep_t){FOLD_OUT, rank + p2, 1 + bits, -1, -1};
+        *s = (cstep_t){GATHER, real_of(v ^ (1 << bit), extra), 2 + bits + bit, 2 + bits + bit, bit};
+    } else if (first && i == bits + gather) *s = (cstep_t){FOLD_OUT, rank + 1, 1 + bits, -1, -1};
     else s->phase = 0;
     return s->phase;
 }
 
-/* A fused halving call: the range [*off, *off + *cnt) of the data that `rank` holds after its
-   exchanges across bits 0..i-1 (the rank with the bit set keeps the upper part). */
-static void held(int rank, int i, int64_t nelem, int64_t *off, int64_t *cnt) {
+/* This rank's virtual rank: its place among the ranks that take part after the fold. */
+static int virtual_rank(EngineObject *e, int rank) {
+    return virtual_of(rank, e->size - largest_power_of_two(e->size));
+}
+
+/* A fused halving call: the range [*off, *off + *cnt) of the data that virtual rank `v` holds
+   after its exchanges across bits 0..i-1 (the rank with the bit set keeps the upper part). */
+static void held(int v, int i, int64_t nelem, int64_t *off, int64_t *cnt) {
     *off = 0; *cnt = nelem;
     for (int b = 0; b < i; b++) {
         int64_t half = *cnt / 2;
-        if (rank >> b & 1) { *off += half; *cnt -= half; } else *cnt = half;
+        if (v >> b & 1) { *off += half; *cnt -= half; } else *cnt = half;
     }
 }
 
@@ -99,9 +111,10 @@ static char *exchange_message(EngineObject *e, run_t *r, const cstep_t *s, size_
     if (r->kind != KIND_FUSED_HALVING || s->phase != EXCHANGE) return r->cmine;
     size_t body = HEADER_BYTES + sizeof(int64_t) * (size_t)r->nmeta;
     int64_t off, cnt, half;
-    held(e->rank, s->bit, r->nelem, &off, &cnt);
+    int v = virtual_rank(e, e->rank), upper = v >> s->bit & 1;
+    held(v, s->bit, r->nelem, &off, &cnt);
     half = cnt / 2;
-    int64_t give_off = e->rank >> s->bit & 1 ? off : off + half, give = e->rank >> s->bit & 1 ? half : cnt - half;
+    int64_t give_off = upper ? off : off + half, give = upper ? half : cnt - half;
     const char *data = r->from_buf && s->bit == 0 ? r->buf : check_data(r);
     char *msg = exchange_buffer(r);
     *total = body + (size_t)give * r->isz;
@@ -129,8 +142,8 @@ static void post_step(EngineObject *e, run_t *r);
    works in the user's buffer, and both sides know both ranges. */
 static void post_gather(EngineObject *e, run_t *r, const cstep_t *s) {
     int64_t off, cnt, peer_off, peer_cnt;
-    held(e->rank, s->bit + 1, r->nelem, &off, &cnt);
-    held(s->peer, s->bit + 1, r->nelem, &peer_off, &peer_cnt);
+    held(virtual_rank(e, e->rank), s->bit + 1, r->nelem, &off, &cnt);
+    held(virtual_rank(e, s->peer), s->bit + 1, r->nelem, &peer_off, &peer_cnt);
     if (!r->in_buf) {   /* the first: this rank's reduced part */
         memcpy(r->buf + off * (int64_t)r->isz, check_data(r) + off * (int64_t)r->isz, (size_t)cnt * r->isz);
         r->in_buf = 1;
@@ -208,13 +221,13 @@ static void merge(EngineObject *e, run_t *r, const cstep_t *s) {
         return;
     }
     int64_t off = 0, cnt = r->nelem;
-    if (r->kind == KIND_FUSED_HALVING && s->phase == EXCHANGE) held(e->rank, s->bit + 1, r->nelem, &off, &cnt);
+    if (r->kind == KIND_FUSED_HALVING && s->phase == EXCHANGE) held(virtual_rank(e, e->rank), s->bit + 1, r->nelem, &off, &cnt);
     size_t expected = r->kind == KIND_FUSED_HALVING && s->phase == EXCHANGE ? body + (size_t)cnt * r->isz : r->cmine_bytes;
     int agree = (size_t)r->received == expected && memcmp(mine, theirs, meta_bytes) == 0;
     for (int k = 0; k < r->nmeta; k++) if (theirs[k] > mine[k]) mine[k] = theirs[k];
     int all_agreed = 0;
     if (FUSED(r->kind) && s->phase == EXCHANGE && s->bit == last_bit(e)) {
-        /* every rank below p2 now holds the same MAX: all of them agreed, or none did */
+        /* every rank that takes part now holds the same MAX: all of them agreed, or none did */
         memcpy(r->meta_out, mine, meta_bytes);
         all_agreed = agreed(r);
         if (r->kind == KIND_FUSED_HALVING) r->gather = all_agreed ? s->bit + 1 : 0;
@@ -230,7 +243,7 @@ static void merge(EngineObject *e, run_t *r, const cstep_t *s) {
     } else if (r->kind != KIND_FUSED_HALVING || s->phase != EXCHANGE) {
         fold(r, left, check_data(r) + off * (int64_t)r->isz, own, theirs_data, cnt);
     } else if (s->bit < last_bit(e)) {   /* the part the next exchange gives goes straight into its message */
-        int upper = e->rank >> (s->bit + 1) & 1;   /* keeps the upper part, gives the lower */
+        int upper = virtual_rank(e, e->rank) >> (s->bit + 1) & 1;   /* keeps the upper part, gives the lower */
         int64_t half = cnt / 2, give_at = upper ? 0 : half, give = upper ? half : cnt - half;
         int64_t keep_at = upper ? half : 0, keep = cnt - give;
         char *msg_data = exchange_buffer(r) + body;
@@ -255,7 +268,7 @@ void check_completed(EngineObject *e, run_t *r, int32_t owner, int received_byte
     if (--r->pending > 0) return;
     if (s.phase == GATHER) {
         int64_t peer_off, peer_cnt;
-        held(s.peer, s.bit + 1, r->nelem, &peer_off, &peer_cnt);
+        held(virtual_rank(e, s.peer), s.bit + 1, r->nelem, &peer_off, &peer_cnt);
         if ((int64_t)r->received != peer_cnt * (int64_t)r->isz) r->data_bad = 1;
     } else if (s.recv_tag >= 0) {
         merge(e, r, &s);
@@ -286,7 +299,7 @@ void start_check(EngineObject *e, run_t *r) {
     memcpy(r->cmine + HEADER_BYTES, r->meta, meta_bytes);
     int p2 = largest_power_of_two(e->size);
     /* a fused halving rank that folds nothing in reads its first exchange from the user's buffer */
-    r->from_buf = r->kind == KIND_FUSED_HALVING && r->pre == 1.0 && e->rank >= e->size - p2 && e->rank < p2 && p2 > 1;
+    r->from_buf = r->kind == KIND_FUSED_HALVING && r->pre == 1.0 && e->rank >= 2 * (e->size - p2) && p2 > 1;
     r->in_buf = 0;
     if (data_bytes && !r->from_buf) {   /* a copy: the user's buffer changes only once every rank agreed */
         memcpy(check_data(r), r->buf, data_bytes);

@@ -15,6 +15,9 @@ from mpi4py import MPI
 
 import mcallreduce
 from mcallreduce import ConfigError, MismatchError, config
+from mcallreduce.algorithms.doubling import build_doubling
+from mcallreduce.algorithms.halving import build_halving
+from mcallreduce.inprocess import execute
 from mcallreduce.policy import FUSED_MAX_BYTES
 from mcallreduce.runtime import Context
 
@@ -108,6 +111,23 @@ def every_dtype_bitwise_identical_across_ranks_and_runs():
             comm.Allreduce(src.astype(np.float64), exact)
             tol = 0.1 if dtype == "float16" else 1e-4
             assert np.allclose(a.astype(np.float64), exact, rtol=tol, atol=tol * size), dtype
+
+
+@case
+def fused_calls_reduce_in_the_order_of_their_schedules():
+    # the executor's fused doubling and halving (native/check.c) must fold and pair the ranks as
+    # the schedules the in-process executor and the cost model play; magnitudes from 1e-8 to 1e16
+    # make float64 sums that any other order rounds differently (with 3 ranks, the fold decides)
+    def values(r, n):
+        rng = np.random.default_rng(100 + r)
+        return rng.choice([-1.0, 1.0], n) * 10.0 ** rng.integers(-8, 17, n)
+    for algorithm, build in (("doubling", build_doubling), ("halving", build_halving)):
+        for n in (1, 7, 1000, FUSED_MAX_BYTES // 8):
+            played = [values(r, n) for r in range(size)]
+            execute(build([list(range(size))], n), played)
+            x = values(rank, n)
+            mcallreduce.allreduce(x, algorithm=algorithm)
+            assert x.tobytes() == played[rank].tobytes(), (algorithm, n, int(np.sum(x != played[rank])))
 
 
 @case
