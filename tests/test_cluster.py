@@ -300,6 +300,10 @@ def test_a_cpu_budget_per_host_caps_a_rank_with_its_threads_and_children(cluster
         # and each rank sees its host's quarter core, as a container's, so `auto` keeps no progress thread
         assert [r[3:] for r in rows] == [["0.25", "False"]] * 2, rows
         budgeted = max(float(r[2]) for r in rows)
+        code = "from mcallreduce.cgroups import usable_cores; print(usable_cores())"   # a plain process too
+        plain = subprocess.run(cluster.host_command(1, [sys.executable, "-c", code]), capture_output=True,
+                               text=True, timeout=60, cwd=REPO)
+        assert (plain.returncode, plain.stdout.split()) == (0, ["0.25"]), plain.stderr
     finally:
         cluster.up(2, rate="200mbit")
     assert cluster.cpu_budget.cgroup_names() == [] and "cpu " not in cli("status").stdout

@@ -23,6 +23,12 @@ from mcallreduce.bench.provenance import cluster_env
 __all__ = ["ClusterJobs", "kill_processes_in", "write_launch_scripts"]
 
 
+# Inside a host's namespace, with a CPU budget: put the cpu hierarchy's root ($2) back at $3,
+# since ip netns exec's fresh /sys has none, so a process there can read its host's quota.
+MOUNT_CPU_ROOT = ('{ [ "$3" = /sys/fs/cgroup ] || { mount -t tmpfs cgroups /sys/fs/cgroup && mkdir -p "$3"; }; } && '
+                  'mount --bind "$2" "$3" || exit 255')
+
+
 def write_launch_scripts(cluster: ClusterState, cfg: ClusterConfig) -> None:
     """The rsh agent: called like ssh (host, then a command line), runs it in that host's ns;
     and the ssh shim over it for horovodrun."""
@@ -52,10 +58,7 @@ if [ -n "$cg" ]; then echo $$ > "$cg" || exit 255; fi
 # with a budget, its hierarchy goes back in place, so the ranks can read their host's quota.
 exec ip netns exec "$ns" unshare --uts /bin/sh -c \
   'echo "$0" > /proc/sys/kernel/hostname || exit 255
-   if [ -n "$2" ]; then
-     {{ [ "$3" = /sys/fs/cgroup ] || {{ mount -t tmpfs cgroups /sys/fs/cgroup && mkdir -p "$3"; }}; }} &&
-       mount --bind "$2" "$3" || exit 255
-   fi
+   if [ -n "$2" ]; then {MOUNT_CPU_ROOT}; fi
    exec /bin/sh -c "$1"' "$ns" "$*" "$cgroot" "$cgmnt"
 """
     write_text(cluster.agent_path, script, mode=0o755)
@@ -162,8 +165,10 @@ class ClusterJobs(ClusterState):
         return subprocess.CompletedProcess(cmd, code, out, err)
 
     def host_command(self, host: int, argv: Sequence[str]) -> list[str]:
-        """``argv`` run directly (no MPI) on emulated host ``host``, within its CPU budget if it has one."""
+        """``argv`` run directly (no MPI) on emulated host ``host``, within its CPU budget if it has one
+        (and, as a rank does, able to read it)."""
         if self._up_config().cpus_per_host is None:
             return ["ip", "netns", "exec", self.host_ns(host), *argv]
-        return ["ip", "netns", "exec", self.host_ns(host), "/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"',
-                self.cpu_budget.procs_file(host), *argv]
+        script = f'echo $$ > "$1" || exit 255; {MOUNT_CPU_ROOT}; shift 3; exec "$@"'
+        return ["ip", "netns", "exec", self.host_ns(host), "/bin/sh", "-c", script, "sh",
+                self.cpu_budget.procs_file(host), *self.cpu_budget.root_in_namespace(), *argv]
