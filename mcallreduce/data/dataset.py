@@ -6,6 +6,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 from torch.utils.data import Dataset
 
+from .board import Board
 from .store import ImageStore
 from .transforms import apply
 
@@ -16,13 +17,21 @@ class EncodedImageDataset(Dataset):
 
     transform: Optional[Callable] = None
     target_transform: Optional[Callable] = None
-    epoch: Optional[int] = None     # unset: seeded transforms get no key
+    _epoch_board: Optional[Board] = None     # none until an epoch is set: seeded transforms get no key
+
+    @property
+    def epoch(self) -> Optional[int]:
+        """The epoch set last in the rank (None: never), in its DataLoader workers too."""
+        return None if self._epoch_board is None else self._epoch_board.read()["epoch"]
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch a seeded transform keys its randomness by; :class:`InMemoryDistributedSampler`
-        calls it from its own ``set_epoch``. DataLoader workers see it when they start, so use
-        ``persistent_workers=False`` (the default) with seeded transforms, or the ThreadedLoader."""
-        self.epoch = int(epoch)
+        calls it from its own ``set_epoch``. Persistent DataLoader workers follow it (a board
+        shared with them), if the first epoch was set before they started."""
+        if self._epoch_board is None:
+            self._epoch_board = Board(epoch=int(epoch))
+        else:
+            self._epoch_board.publish(epoch=int(epoch))
 
     def _where(self, index: int) -> str:
         """Where sample ``index`` came from, for an error message (looked up only then)."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import data as settings
-from .store import ImageStore, MemoryBudgetError, check_memory_budget
+from .store import ImageStore, check_memory_budget
 
 
 @dataclass
@@ -61,7 +61,7 @@ def exchange_epoch(store: ImageStore, assignment: np.ndarray) -> Plan:
     """Collective over all ranks: fetch this rank's foreign samples for the epoch into the store's cache."""
     plan = make_plan(store, assignment, settings.exchange_round_bytes())
     world = store.world
-    store.set_epoch_cache(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint8))  # free the last one
+    store.install_epoch_cache(None, 0)   # free the last epoch's before checking room for this one
     if plan.total_bytes == 0:
         return plan
     if world is None or world.comm is None:
@@ -69,24 +69,25 @@ def exchange_epoch(store: ImageStore, assignment: np.ndarray) -> Plan:
                            "open the store with partition='full' or use shuffle_mode='local'")
     me = store.layout.rank
     host_of_rank = np.asarray(store.layout.host_of_rank)
-    error = None
-    try:
-        incoming = plan.sizes[host_of_rank[plan.dest] == store.layout.host].sum()
-        check_memory_budget(int(incoming), f"this epoch's exchange (samples held by other hosts, for host "
-                            f"{store.layout.host}'s ranks)",
-                            "Use shuffle_mode='local' or a smaller exchange fraction, or more hosts.")
-    except MemoryBudgetError as exc:
-        error = exc
-    errors = [e for e in world.comm.allgather(error) if e is not None]
-    if errors:
-        raise errors[0]
-
     rounds = plan.ids % plan.rounds
     send = np.nonzero(plan.sender == me)[0]
     send = send[np.lexsort((plan.ids[send], plan.dest[send], rounds[send]))]
     recv = np.nonzero(plan.dest == me)[0]
     recv = recv[np.lexsort((plan.ids[recv], plan.sender[recv], rounds[recv]))]
-    cache = np.empty(int(plan.sizes[recv].sum()), dtype=np.uint8)
+    error, segment = None, None
+    try:
+        incoming = plan.sizes[host_of_rank[plan.dest] == store.layout.host].sum()
+        check_memory_budget(int(incoming), f"this epoch's exchange (samples held by other hosts, for host "
+                            f"{store.layout.host}'s ranks)",
+                            "Use shuffle_mode='local' or a smaller exchange fraction, or more hosts.")
+        segment, cache_ids, cache_positions, cache = store.new_epoch_cache(len(recv), int(plan.sizes[recv].sum()))
+    except MemoryError as exc:   # the budget, or no room left in /dev/shm: every rank raises
+        error = exc
+    errors = [e for e in world.comm.allgather(error) if e is not None]
+    if errors:
+        if segment is not None:
+            segment.close()
+        raise errors[0]
     positions = np.concatenate([[0], np.cumsum(plan.sizes[recv])[:-1]]).astype(np.int64)
 
     from mpi4py import MPI
@@ -107,7 +108,8 @@ def exchange_epoch(store: ImageStore, assignment: np.ndarray) -> Plan:
                              [recvbuf, (recv_counts, _displs(recv_counts)), MPI.BYTE])
         base += len(recvbuf)
     order = np.argsort(plan.ids[recv])
-    store.set_epoch_cache(plan.ids[recv][order], positions[order], cache)
+    cache_ids[:], cache_positions[:] = plan.ids[recv][order], positions[order]
+    store.install_epoch_cache(segment, len(recv))
     return plan
 
 

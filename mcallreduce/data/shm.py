@@ -1,4 +1,5 @@
-"""One shared memory segment per host, which cannot outlive the processes using it.
+"""Shared memory segments (one per host, or one process's for its DataLoader workers) which
+cannot outlive the processes using them.
 
 The host's first rank creates a file in /dev/shm and reserves its pages
 (posix_fallocate: a too-small /dev/shm fails here with ENOSPC rather than with
@@ -27,32 +28,48 @@ SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
 class SharedSegment:
-    """``size`` bytes shared by the ranks of one host (a single process without MPI)."""
+    """``size`` bytes shared by the ranks of one host (a single process without MPI); with
+    ``world`` None, by this process and its DataLoader workers alone."""
 
     def __init__(self, world, size: int, tag: str = "store"):
         self.size = int(size)
         self.name: Optional[str] = None
         path, error = None, None
-        if world.is_leader:
+        leader = world is None or world.is_leader
+        if leader:
             try:
                 path = self._create(tag)
             except OSError as exc:
                 error = (f"cannot reserve {self.size:,} bytes of shared memory in {SHM_DIR or 'the temp dir'} "
                          f"({exc.strerror}); free space there is limited by its size "
                          f"(in Docker, run with --shm-size=...)")
-        path, error = world.host_bcast((path, error))
+        if world is not None:
+            path, error = world.host_bcast((path, error))
         if error:
             raise MemoryError(error)
         try:
-            if not world.is_leader:
+            if not leader:
                 self.fd = os.open(path, os.O_RDWR)
             self._map()
         finally:
             # Every rank has now opened (or failed to open) the file: drop the name.
-            world.host_barrier()
-            if world.is_leader:
+            if world is not None:
+                world.host_barrier()
+            if leader:
                 os.unlink(path)
         self.owner_pid = os.getpid()
+
+    @classmethod
+    def attach(cls, pid: int, fd: int, size: int) -> "SharedSegment":
+        """Map, read-only, the segment that process ``pid`` holds open as ``fd`` (see :attr:`where`)."""
+        segment = cls.__new__(cls)
+        segment.__setstate__({"size": size, "path": f"/proc/{pid}/fd/{fd}"})
+        return segment
+
+    @property
+    def where(self) -> tuple:
+        """(pid, fd): how another process of this host reaches the segment, while this one holds it."""
+        return self.owner_pid, self.fd
 
     def _create(self, tag: str) -> str:
         import tempfile
@@ -87,6 +104,9 @@ class SharedSegment:
         self.owner_pid = None
         self.fd = os.open(state["path"], os.O_RDONLY)
         self._map(writable=False)
+
+    def __del__(self):
+        self.close()   # a board or an epoch's samples dropped without close(): no descriptor left open
 
     def close(self) -> None:
         """Unmap now if no array still points into the segment; the memory goes with the last mapping."""

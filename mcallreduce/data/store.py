@@ -27,6 +27,7 @@ from . import world as world_mod
 from .format import StoreFile, read_ranges, scan_image_folder
 from .partition import owner_of_samples
 from . import progress as progress_bar
+from .board import Board
 from .shm import SharedSegment
 
 
@@ -98,6 +99,12 @@ def _runs(ids: np.ndarray) -> List[Tuple[int, int]]:
     starts = np.concatenate([[0], breaks])
     stops = np.concatenate([breaks, [len(ids)]])
     return [(int(ids[a]), int(ids[b - 1]) + 1) for a, b in zip(starts, stops)]
+
+
+def _cache_views(segment, count: int):
+    """(ids, positions, bytes) of an epoch's samples: int64[count], int64[count], then the bytes."""
+    seg = segment.array if segment is not None else np.zeros(0, dtype=np.uint8)
+    return seg[:8 * count].view(np.int64), seg[8 * count:16 * count].view(np.int64), seg[16 * count:]
 
 
 def _index_layout(n: int):
@@ -210,9 +217,11 @@ class ImageStore:
         self.blob_bytes = blob_bytes
         # Keep only flat arrays: a Python list of 1.28M paths would be copied into every forked worker.
         self._paths = np.array(index["paths"], dtype="S") if index["paths"] is not None else None
-        self._cache_ids = np.zeros(0, dtype=np.int64)
-        self._cache_pos = np.zeros(0, dtype=np.int64)
-        self._cache = np.zeros(0, dtype=np.uint8)
+        # The samples received for this epoch (exchange.py), in a segment of this rank's own that
+        # the board names, so that persistent DataLoader workers follow each epoch's.
+        self._cache_board = Board(pid=-1, fd=-1, size=0, count=0)
+        self._cache_segment: Optional[SharedSegment] = None
+        self._use_epoch_cache(None, 0, self._cache_board.version)
         self.epoch_prepared: Optional[tuple] = None
 
     def _my_part(self, held_ids: np.ndarray, sizes: np.ndarray) -> List[Tuple[int, int]]:
@@ -278,6 +287,8 @@ class ImageStore:
         p = self.position[i]
         if p >= 0:
             return self.blob[p:p + size]
+        if self._cache_board.version != self._cache_version:   # a DataLoader worker: the rank exchanged since
+            self._follow_epoch_cache()
         k = np.searchsorted(self._cache_ids, i)
         if k < len(self._cache_ids) and self._cache_ids[k] == i:
             p = self._cache_pos[k]
@@ -290,8 +301,7 @@ class ImageStore:
                            f"partition='full'), or InMemoryDistributedSampler's set_epoch(epoch) was not called "
                            f"on every rank before the DataLoader's workers started")
         raise KeyError(f"sample {i} is not held on host {self.layout.host} and was not exchanged for this epoch: "
-                       f"call sampler.set_epoch(epoch) on every rank before iterating (with DataLoader workers "
-                       f"and shuffle_mode 'global' or 'partial', use persistent_workers=False)")
+                       f"call sampler.set_epoch(epoch) on every rank before iterating")
 
     def sample_path(self, i: int) -> str:
         """Where sample i came from (relative to the packed root), for error messages."""
@@ -299,9 +309,30 @@ class ImageStore:
             return self._paths[i].decode()
         return StoreFile(self.source).paths[i] if os.path.isfile(self.source) else f"sample {i}"
 
-    def set_epoch_cache(self, ids: np.ndarray, positions: np.ndarray, buffer: np.ndarray) -> None:
-        """Install the samples received for this epoch (see exchange.py); ids sorted."""
-        self._cache_ids, self._cache_pos, self._cache = ids, positions, buffer
+    # --- the samples received for an epoch (exchange.py) -----------------------------------
+    @staticmethod
+    def new_epoch_cache(count: int, nbytes: int) -> Tuple[SharedSegment, np.ndarray, np.ndarray, np.ndarray]:
+        """A segment for ``count`` samples of ``nbytes`` in all: it and its views (ids, positions, bytes)."""
+        segment = SharedSegment(None, 16 * count + nbytes, tag="epoch")
+        return (segment,) + _cache_views(segment, count)
+
+    def install_epoch_cache(self, segment: Optional[SharedSegment], count: int) -> None:
+        """This epoch's samples (ids sorted), or none; its workers follow at their next miss."""
+        pid, fd = segment.where if segment is not None else (-1, -1)
+        self._cache_board.publish(pid=pid, fd=fd, size=segment.size if segment is not None else 0, count=count)
+        self._use_epoch_cache(segment, count, self._cache_board.version)
+
+    def _follow_epoch_cache(self) -> None:
+        version, fields = self._cache_board.snapshot()
+        segment = SharedSegment.attach(fields["pid"], fields["fd"], fields["size"]) if fields["pid"] >= 0 else None
+        self._use_epoch_cache(segment, fields["count"], version)
+
+    def _use_epoch_cache(self, segment: Optional[SharedSegment], count: int, version: int) -> None:
+        old, self._cache_segment = self._cache_segment, segment
+        self._cache_version = version
+        self._cache_ids, self._cache_pos, self._cache = _cache_views(segment, count)
+        if old is not None:
+            old.close()
 
     @property
     def cache_bytes(self) -> int:
@@ -315,11 +346,15 @@ class ImageStore:
         for name in ("offsets", "labels", "position", "blob"):
             setattr(self, name, None)
         self.segment.close() if hasattr(self, "segment") else None
+        if getattr(self, "_cache_board", None) is not None:
+            self._use_epoch_cache(None, 0, -1)
+            self._cache_board.segment.close()
 
-    # Pickled into DataLoader workers: the segment re-attaches, the small index does not travel.
+    # Pickled into DataLoader workers: the segments re-attach, the small index does not travel.
     def __getstate__(self):
         state = self.__dict__.copy()
-        for name in ("offsets", "labels", "position", "blob", "world"):
+        for name in ("offsets", "labels", "position", "blob", "world", "_cache_segment", "_cache_ids",
+                     "_cache_pos", "_cache"):
             state.pop(name, None)
         return state
 
@@ -327,6 +362,8 @@ class ImageStore:
         self.__dict__.update(state)
         self.world = None
         self._map_segment()
+        self._cache_segment = None
+        self._follow_epoch_cache()
 
     def _map_segment(self) -> None:
         """Views of the shared segment: offsets, labels, positions, then the JPEG blob."""

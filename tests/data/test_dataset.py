@@ -300,6 +300,20 @@ def test_dataloader_workers_share_the_segment(store, context):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_follow_set_epoch(store, context):
+    # a persistent worker keeps the dataset it started with: the epoch reaches it through the board
+    dataset = InMemoryImageFolder(store, TrainTransform(size=48, seed=9, normalize=False))
+    sampler = InMemoryDistributedSampler(dataset, num_replicas=1, rank=0, seed=4)
+    loader = DataLoader(dataset, batch_size=16, sampler=sampler, num_workers=2, persistent_workers=True,
+                        multiprocessing_context=context)
+    for epoch in (0, 1, 2):
+        sampler.set_epoch(epoch)
+        got = torch.cat([x for x, _ in loader])
+        expected = torch.stack([dataset[i][0] for i in sampler])   # drawn here, in the rank
+        assert torch.equal(got, expected), epoch
+
+
 def test_threaded_loader_equals_dataloader_and_resumes_exactly(store):
     dataset = InMemoryImageFolder(store, EvalTransform())
     def sampler():

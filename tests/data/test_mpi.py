@@ -1,11 +1,15 @@
 """The store under real mpirun jobs (tests/data/mpi_job.py, which checks itself): one shared copy per
-host, no shared memory left behind, the memory budget, a damaged file, and the cross-host exchange."""
+host, no shared memory left behind, the memory budget, a damaged file, and the cross-host exchange
+(also read by persistent DataLoader workers)."""
 import glob
 import os
+
+import pytest
 
 from _mpi import explain, passed, run_job
 
 JOB = os.path.join(os.path.dirname(__file__), "mpi_job.py")
+PERSISTENT_JOB = os.path.join(os.path.dirname(__file__), "persistent_workers_job.py")
 
 
 def job(np_, scenario, path, env=None):
@@ -55,3 +59,11 @@ def test_two_emulated_hosts_exchange_samples_for_global_and_partial_shuffles(pac
 
 def test_validation_on_a_store_split_across_hosts_visits_every_sample(packed):
     passed(job(4, "validate", packed[0], env={"MCALLREDUCE_RANKS_PER_HOST": "2"}))
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_read_each_epochs_exchanged_samples(packed, context):
+    before = our_segments()
+    passed(run_job(2, PERSISTENT_JOB, packed[0], context, timeout=150, abort_on_exception=True,
+                   env={"MCALLREDUCE_DATA_PROGRESS": "0", "MCALLREDUCE_RANKS_PER_HOST": "1"}))
+    assert our_segments() <= before
