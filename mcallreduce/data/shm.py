@@ -17,6 +17,7 @@ the rank that still holds the descriptor, which reaches the unlinked file.
 """
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import secrets
@@ -104,6 +105,17 @@ class SharedSegment:
         self.owner_pid = None
         self.fd = os.open(state["path"], os.O_RDONLY)
         self._map(writable=False)
+
+    def release_pages(self) -> bool:
+        """Free the segment's memory now, though other processes (persistent DataLoader workers)
+        still map it: a hole punched over all of it, which reads back as zeros. False where the
+        file system cannot (the memory then goes with the last mapping, as always)."""
+        if not self.size or self.fd is None:
+            return True
+        # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE: the size stays, so no mapping faults; to a page
+        # boundary, or the last page, partly covered, would only be zeroed
+        length = -(-self.size // mmap.PAGESIZE) * mmap.PAGESIZE
+        return ctypes.CDLL(None).fallocate(self.fd, 3, ctypes.c_long(0), ctypes.c_long(length)) == 0
 
     def __del__(self):
         self.close()   # a board or an epoch's samples dropped without close(): no descriptor left open

@@ -332,6 +332,8 @@ class ImageStore:
         self._cache_version = version
         self._cache_ids, self._cache_pos, self._cache = _cache_views(segment, count)
         if old is not None:
+            if old.owner_pid == os.getpid():   # the rank's own: its idle persistent workers still map it
+                old.release_pages()
             old.close()
 
     @property

@@ -1,11 +1,13 @@
 """Persistent DataLoader workers under mpirun, on emulated hosts (MCALLREDUCE_RANKS_PER_HOST): each
 epoch of a global shuffle brings samples from another host, and workers started once, by fork or by
-spawn, read them and key their transforms by the epoch the rank set.
+spawn, read them and key their transforms by the epoch the rank set; the last epoch's samples leave
+/dev/shm at the next set_epoch, though the idle workers still map them.
 
     python -m mcallreduce.launch -np 2 -- python tests/data/persistent_workers_job.py STORE fork|spawn
 
 MPI is imported in main() only: spawned workers import this file again. Exit status is the result.
 """
+import os
 import sys
 import zlib
 
@@ -29,19 +31,25 @@ def main(path, context):
     sampler = InMemoryDistributedSampler(dataset, shuffle_mode="global", seed=5)
     loader = DataLoader(dataset, batch_size=8, sampler=sampler, num_workers=2, persistent_workers=True,
                         multiprocessing_context=context, collate_fn=list)
-    failures, foreign = [], 0
+    failures, foreign, last = [], 0, None
+    comm = MPI.COMM_WORLD
     for epoch in (0, 1, 2):
         sampler.set_epoch(epoch)
+        # the workers, idle, still map the last epoch's samples: the rank must have freed them anyway
+        if last is not None and os.fstat(last).st_blocks:
+            failures.append(f"rank {comm.rank} epoch {epoch}: the last epoch's samples still hold "
+                            f"{os.fstat(last).st_blocks * 512} B")
+        last = os.open(f"/proc/self/fd/{store._cache_segment.fd}", os.O_RDONLY)   # a look at this epoch's
         order = list(sampler)
         got = [item for batch in loader for item in batch]
         expected = [((int(crcs[i]), epoch), int(store.labels[i])) for i in order]
         wrong = [i for i, a, b in zip(order, got, expected) if a != b]
         if len(got) != len(expected) or wrong:
-            failures.append(f"rank {MPI.COMM_WORLD.rank} epoch {epoch}: {len(got)} items for {len(expected)}, "
+            failures.append(f"rank {comm.rank} epoch {epoch}: {len(got)} items for {len(expected)}, "
                             f"wrong for samples {wrong[:5]}")
         foreign += sum(not store.holds(i) for i in order)
     if store.layout.num_hosts < 2 or foreign == 0:
-        failures.append(f"rank {MPI.COMM_WORLD.rank}: {foreign} samples from other hosts, "
+        failures.append(f"rank {comm.rank}: {foreign} samples from other hosts, "
                         f"{store.layout.num_hosts} hosts")
     return "\n".join(failures) or 0
 
