@@ -29,6 +29,11 @@ class Board:
         self.publish(**fields)
 
     @property
+    def writable(self) -> bool:
+        """False in a copy that re-attached (a spawned worker's, a deepcopy's): it only reads."""
+        return bool(self._values.flags.writeable)
+
+    @property
     def version(self) -> int:
         """Changes with every publication."""
         return int(self._values[0])

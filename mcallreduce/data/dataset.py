@@ -28,7 +28,7 @@ class EncodedImageDataset(Dataset):
         """The epoch a seeded transform keys its randomness by; :class:`InMemoryDistributedSampler`
         calls it from its own ``set_epoch``. Persistent DataLoader workers follow it (a board
         shared with them), if the first epoch was set before they started."""
-        if self._epoch_board is None:
+        if self._epoch_board is None or not self._epoch_board.writable:   # a copy sets an epoch of its own
             self._epoch_board = Board(epoch=int(epoch))
         else:
             self._epoch_board.publish(epoch=int(epoch))

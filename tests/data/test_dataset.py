@@ -1,4 +1,5 @@
 """Dataset, transforms and loaders over the in-memory store (single process)."""
+import copy
 import math
 import os
 import pickle
@@ -312,6 +313,16 @@ def test_persistent_workers_follow_set_epoch(store, context):
         got = torch.cat([x for x, _ in loader])
         expected = torch.stack([dataset[i][0] for i in sampler])   # drawn here, in the rank
         assert torch.equal(got, expected), epoch
+
+
+def test_a_copy_of_a_dataset_sets_its_own_epoch(store):
+    dataset = InMemoryImageFolder(store, TrainTransform(size=48, seed=9, normalize=False))
+    dataset.set_epoch(1)
+    copied = copy.deepcopy(dataset)   # its board re-attaches read-only: it follows until it sets its own
+    assert copied.epoch == 1
+    copied.set_epoch(5)
+    dataset.set_epoch(2)
+    assert (dataset.epoch, copied.epoch) == (2, 5)
 
 
 def test_threaded_loader_equals_dataloader_and_resumes_exactly(store):
