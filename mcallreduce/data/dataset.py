@@ -39,7 +39,8 @@ class EncodedImageDataset(Dataset):
 
     def _item(self, index: int, data, target: int):
         try:
-            image = apply(self.transform, data, None if self.epoch is None else (self.epoch, index))
+            epoch = self.epoch   # one read of the board per item
+            image = apply(self.transform, data, None if epoch is None else (epoch, index))
         except Exception as exc:
             raise type(exc)(f"sample {index} ({self._where(index)}): {exc}") from exc
         if self.target_transform is not None:
