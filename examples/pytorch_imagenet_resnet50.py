@@ -80,6 +80,8 @@ parser.add_argument("--image-size", type=int, default=224, help="training crop; 
 parser.add_argument("--crop-scale", type=float, default=0.08, help="smallest share of the image a random crop keeps")
 parser.add_argument("--flip", type=float, default=0.5, help="probability of a horizontal flip (0 for digits)")
 parser.add_argument("--workers", type=int, default=4, help="DataLoader workers (decode threads with --loader threaded)")
+parser.add_argument("--persistent-workers", action="store_true", default=False,
+                    help="DataLoader workers that live for the whole job instead of starting every epoch")
 parser.add_argument("--loader", choices=("dataloader", "threaded"), default="dataloader",
                     help="DataLoader worker processes, or mcallreduce.data.ThreadedLoader's decode threads")
 parser.add_argument("--threads", type=int, default=4, help="torch intra-op threads per rank")
@@ -295,7 +297,8 @@ if __name__ == "__main__":
     history, steps_run, stop = earlier_epochs(resume_from_epoch), 0, False
     torch.set_num_threads(args.threads)
 
-    kwargs = {"num_workers": args.workers, "pin_memory": args.cuda}
+    kwargs = {"num_workers": args.workers, "pin_memory": args.cuda,
+              "persistent_workers": args.persistent_workers and args.workers > 0}
     # forkserver, not fork, for the workers: some InfiniBand stacks are not fork-safe (as Horovod's example).
     if args.workers > 0 and "forkserver" in mp.get_all_start_methods():
         kwargs["multiprocessing_context"] = "forkserver"

@@ -12,14 +12,16 @@ COMMANDS = {
     "ddp": "DDP on gloo vs the multicolor hook / backend (docs/ddp.md)",
     "e2e": "the ImageNet example's ablation on the emulated cluster (docs/e2e.md)",
     "accuracy": "top-1 on real digits: folder vs memory shuffles, stock vs plugin",
+    "loader-start": "a DataLoader's first batch per epoch: new, preloaded, persistent workers",
 }
-SUBCOMMANDS = "".join(f"    python -m mcallreduce.bench {name:<9}# {what}\n" for name, what in COMMANDS.items())
+_WIDTH = max(map(len, COMMANDS)) + 1
+SUBCOMMANDS = "".join(f"    python -m mcallreduce.bench {name:<{_WIDTH}}# {what}\n" for name, what in COMMANDS.items())
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in COMMANDS:
-        module = importlib.import_module(f".{argv[0]}", __package__)
+        module = importlib.import_module(f".{argv[0].replace('-', '_')}", __package__)
         return module.main(argv[1:])
     from .allreduce import main as allreduce_main
     return allreduce_main(argv)

@@ -104,6 +104,15 @@ def test_a_folder_run_resumes_mid_epoch_exactly_with_any_number_of_workers(tree,
     assert_same_state(tmp_path / "whole" / "checkpoint-2.pt", tmp_path / "resumed" / "checkpoint-2.pt")
 
 
+def test_persistent_workers_train_as_the_main_process_does_on_a_store_split_across_hosts(tree, tmp_path):
+    """Two emulated hosts, a global shuffle: each epoch's exchanged samples reach the workers that live on."""
+    args = ("--data", "memory", "--shuffle", "global", "--epochs", 2)
+    split = {**OFF, "MCALLREDUCE_RANKS_PER_HOST": "1"}
+    train(tree, tmp_path / "main", *args, "--workers", 0, env=split)
+    train(tree, tmp_path / "persistent", *args, "--workers", 2, "--persistent-workers", env=split)
+    assert_same_state(tmp_path / "main" / "checkpoint-2.pt", tmp_path / "persistent" / "checkpoint-2.pt")
+
+
 def test_the_accuracy_bench_reports_every_arm(tmp_path, capsys):
     out, png = tmp_path / "accuracy.json", tmp_path / "accuracy.png"
     assert accuracy.main(["--tree", str(tmp_path / "digits"), "--np", "2", "--seeds", "0",
