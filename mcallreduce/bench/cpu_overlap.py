@@ -3,7 +3,7 @@ cgroup run at the same instant.
 
 An emulated host's CPU budget (``cluster up --cpus-per-host``) is a CFS quota per period. Whether
 a host under it still runs on two cores at once decides whether its progress thread and decode
-workers run beside its training loop (docs/e2e-layouts.md, "With a CPU budget per emulated host"). Two
+workers run beside its training loop (docs/e2e-2ranks.md, "With a CPU budget per emulated host"). Two
 processes spin in a fresh cgroup with the given cap, each noting the clock; a gap over 50 us
 means it was off the CPU. Printed: the share of the wall time each was on a CPU, and the share
 both were. ``--slice-us`` sets the kernel's ``sched_cfs_bandwidth_slice_us`` for the run and
