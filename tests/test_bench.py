@@ -149,6 +149,8 @@ def test_e2e_arm_variants_add_variables_to_their_arm():
     assert (data, more) == e2e.ARMS["thread"][::2]
     assert env == {**e2e.ARMS["thread"][1], "MCALLREDUCE_BUCKET_BYTES": "2M", "HOROVOD_CYCLE_TIME": "5"}
     assert e2e.arm_settings("memory:MCALLREDUCE_HOROVOD=1")[1]["MCALLREDUCE_HOROVOD"] == "1"   # the arm's own is overridden
+    assert e2e.arm_settings("local:--persistent-workers:X=1") == (
+        "memory", {**e2e.ARMS["local"][1], "X": "1"}, ("--local-gradients", "--persistent-workers"))
     for bad in ("fast", "thread:BUCKET", "thread:=2M"):
         try:
             e2e.arm_settings(bad)

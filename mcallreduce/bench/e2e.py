@@ -15,7 +15,8 @@ to start, a wait that a real epoch of thousands of steps hides and a short one h
   the ceiling that no allreduce can pass: the arms' ratios to it bound what a faster one could give.
 
 An arm named ``ARM:NAME=VALUE[:NAME=VALUE...]`` is ARM with those variables added to its own, so
-settings are compared in one run, alternated like the arms (``thread:MCALLREDUCE_BUCKET_BYTES=2M``).
+settings are compared in one run, alternated like the arms (``thread:MCALLREDUCE_BUCKET_BYTES=2M``);
+a part that starts with ``--`` is a switch of the example's added to the arm's (``memory:--persistent-workers``).
 
 With ``--read-limit``, the tree is copied onto a loop disk of its own, read through the
 kernel's block throttle (data/throttle.py) at that many bytes/s per host (the whole job
@@ -63,10 +64,13 @@ PARTS = ("data", "forward_backward", "allreduce", "optimizer", "metrics")
 
 
 def arm_settings(spec: str):
-    """(--data, environment, more arguments) of an arm: a name of ARMS, or ``ARM:NAME=VALUE...``."""
-    base, added = split_arm(spec, tuple(ARMS))
+    """(--data, environment, more arguments) of an arm: a name of ARMS, or ``ARM:NAME=VALUE...``,
+    where parts that start with ``--`` are the example's own switches."""
+    base, *parts = spec.split(":")
+    switches = tuple(p for p in parts if p.startswith("--"))
+    base, added = split_arm(":".join([base, *(p for p in parts if not p.startswith("--"))]), tuple(ARMS))
     data, env, more = ARMS[base]
-    return data, {**env, **added}, more
+    return data, {**env, **added}, (*more, *switches)
 
 
 class Evictor(threading.Thread):
@@ -200,7 +204,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--train-per-class", type=int, default=64, help="when the tree is made here")
     parser.add_argument("--val-per-class", type=int, default=4, help="when the tree is made here")
     parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
-                        help=f"comma-separated, of {', '.join(ARMS)}; ARM:NAME=VALUE adds a variable to ARM's")
+                        help=f"comma-separated, of {', '.join(ARMS)}; ARM:NAME=VALUE adds a variable to ARM's, "
+                             "ARM:--SWITCH a switch of the example's")
     parser.add_argument("--runs", type=int, default=2, help="rounds; each runs every arm once, alternated")
     parser.add_argument("--read-limit", default="0", help="disk reads per host, bytes/s (suffixes K, M); 0: none")
     parser.add_argument("--evict-every", type=float, default=1.0,
