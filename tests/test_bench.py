@@ -195,3 +195,42 @@ def test_a_record_names_the_cluster_that_cluster_run_hands_its_ranks(monkeypatch
     from mcallreduce.bench.e2e import record    # a driver that runs the cluster's jobs names it itself
     e2e = record(["--runs", "1"], ClusterConfig(hosts=4, ranks_per_host=2), 0, [], started)
     assert (e2e["cluster"]["hosts"], e2e["cluster"]["ranks_per_host"], e2e["cluster"]["congestion_control"]) == (4, 2, "reno")
+
+
+def test_every_goal_reads_arms_and_sizes_its_job_measures():
+    from mcallreduce.bench.goals import LAYOUTS
+    for name, layout in LAYOUTS.items():
+        for goal in layout.goals:
+            args = layout.jobs[goal.job]
+            sizes = args[args.index("--sizes") + 1].split(",")
+            arms = args[args.index("--algorithms") + 1].split(",")
+            assert goal.size in sizes, (name, goal.text)
+            for operand in (goal.numerator, goal.denominator):
+                needs = {"best-mpi": ["mpi", "mpi-ring"], "link": [], "stream": []}.get(operand, [operand])
+                assert set(needs) <= set(arms), (name, goal.text, operand)
+            assert goal.numerator != "link" and (goal.denominator != "link" or layout.cluster), (name, goal.text)
+            assert goal.denominator != "stream" or layout.duplex, (name, goal.text)
+
+
+def test_a_goals_figure_is_its_ratio_in_one_job_and_its_verdict_counts_the_jobs():
+    from mcallreduce.bench.goals import Goal, figure, table, verdict
+    def rec(arm, time_s, busbw=0.0, cpu=0.0):
+        return {"algorithm": arm, "size_bytes": 65536, "time_s": time_s, "busbw_Bps": busbw, "cpu_s": cpu}
+    records = [rec("multicolor", 2.0, busbw=24e6, cpu=3.0), rec("mpi", 3.0), rec("mpi-ring", 2.5, cpu=2.0)]
+    best = Goal("best", "main", "64K", "best-mpi", "multicolor", "time_s", 1.0)
+    assert figure(best, records, None, None) == 1.25
+    link = Goal("link", "main", "64K", "multicolor", "link", "busbw_Bps", 0.95)
+    assert figure(link, records, 25e6, None) == 0.96
+    cpu = Goal("cpu", "main", "64K", "multicolor", "mpi-ring", "cpu_s", 1.2, at_most=True)
+    assert figure(cpu, records, None, None) == 1.5
+    try:
+        figure(Goal("s", "main", "64K", "multicolor", "stream", "busbw_Bps", 0.9), records, None, None)
+    except ValueError as exc:
+        assert "no stream rate" in str(exc)
+    else:
+        raise AssertionError("a missing stream rate was not reported")
+    assert verdict(best, [1.1, 1.0]) == "yes" and verdict(best, [0.9, 1.1, 1.2]) == "in 2 of 3 jobs"
+    assert verdict(best, [0.9, 0.95, 1.2]) == "no" and verdict(cpu, [1.5]) == "no" and verdict(cpu, [1.2]) == "yes"
+    text = table([{"layout": "4h10g", "goal": "best", "target": 1.0, "at_most": False, "figures": [1.25],
+                   "met": "yes"}])
+    assert text.splitlines()[-1] == "| 4h10g | best | >= 1 | 1.25 | yes |"

@@ -12,6 +12,7 @@ COMMANDS = {
     "ddp": "DDP on gloo vs the multicolor hook / backend (docs/ddp.md)",
     "e2e": "the ImageNet example's ablation on the emulated cluster (docs/e2e.md)",
     "accuracy": "top-1 on real digits: folder vs memory shuffles, stock vs plugin",
+    "goals": "the allreduce's goals measured again, layout by layout (docs/benchmarks.md)",
     "loader-start": "a DataLoader's first batch per epoch: new, preloaded, persistent workers",
 }
 _WIDTH = max(map(len, COMMANDS)) + 1
