@@ -233,4 +233,4 @@ def test_a_goals_figure_is_its_ratio_in_one_job_and_its_verdict_counts_the_jobs(
     assert verdict(best, [0.9, 0.95, 1.2]) == "no" and verdict(cpu, [1.5]) == "no" and verdict(cpu, [1.2]) == "yes"
     text = table([{"layout": "4h10g", "goal": "best", "target": 1.0, "at_most": False, "figures": [1.25],
                    "met": "yes"}])
-    assert text.splitlines()[-1] == "| 4h10g | best | >= 1 | 1.25 | yes |"
+    assert text.splitlines()[-1] == "| 4h10g | best | >= 1 | 1.250 | yes |"

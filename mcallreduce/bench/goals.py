@@ -121,7 +121,7 @@ def table(rows: List[dict]) -> str:
     for row in rows:
         sign = "<=" if row["at_most"] else ">="
         lines.append(f"| {row['layout']} | {row['goal']} | {sign} {row['target']:g} | "
-                     + ", ".join(f"{f:.2f}" for f in row["figures"]) + f" | {row['met']} |")
+                     + ", ".join(f"{f:.3f}" for f in row["figures"]) + f" | {row['met']} |")
     return "\n".join(lines)
 
 
