@@ -4,6 +4,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from mcallreduce.bench.tune_measure import DEFAULT_MARGIN
 from mcallreduce.launch import run
 
@@ -115,14 +117,18 @@ def test_tune_measure_writes_a_table_that_the_policy_then_follows(tmp_path):
             assert algorithm == row["algorithm"] and params.shared == row["shared"], (row, algorithm, params)
 
 
-def test_tune_measure_times_one_kind_of_call_when_asked(tmp_path):
+@pytest.mark.parametrize("kind, other", [("nonblocking", "tables"), ("blocking", "nonblocking_tables")])
+def test_tune_measure_times_one_kind_of_call_when_asked(tmp_path, kind, other):
     table = tmp_path / "tuning.json"
     r = run(2, [sys.executable, "-m", "mcallreduce.bench", "tune", "--measure", "--sizes", "4K", "--calls",
-                "nonblocking", "--seconds", "0.01", "--min-iters", "2", "--passes", "1", "--out", str(table)],
+                kind, "--seconds", "0.01", "--min-iters", "2", "--passes", "1", "--out", str(table)],
             timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     written = json.loads(table.read_text())
-    assert "tables" not in written and [row["size_bytes"] for row in written["nonblocking_tables"]["1h2r"]] == [4096]
+    section = "nonblocking_tables" if kind == "nonblocking" else "tables"
+    assert other not in written and [row["size_bytes"] for row in written[section]["1h2r"]] == [4096]
+    # a table without nonblocking rows says what the plugin's and DDP's calls then follow
+    assert ("no nonblocking rows" in r.stderr) == (kind == "blocking"), r.stderr
     r = rejected("tune", "--measure", "--calls", "async", "--out", str(tmp_path / "no.json"))
     assert r.returncode != 0 and "--calls 'async'" in r.stderr, r.stderr
 

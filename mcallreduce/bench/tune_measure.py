@@ -153,4 +153,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  **provenance(started), **sections}
         write_json(ns.out, table)
         print(f"# wrote {ns.out} ({layout})", file=sys.stderr)
+        if "nonblocking" not in kinds:    # what the Horovod plugin and DDP then get (docs/ddp.md)
+            print("# note: no nonblocking rows: allreduce_async (the Horovod plugin, DDP's hook and backend) "
+                  "follows the blocking rows, and where they pick MPI's own allreduce it runs the built-in "
+                  "rules' schedule instead; measure with --calls blocking,nonblocking for those",
+                  file=sys.stderr)
     return 0
