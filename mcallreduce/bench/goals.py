@@ -152,8 +152,8 @@ def run_layout(name: str, jobs: int, tmp: str, timeout: float) -> dict:
     started, env, out = utc_now(), {}, {}
     if layout.table_sizes:
         path = os.path.join(tmp, f"{name}-table.json")
-        _job([*BENCH, "tune", "--measure", "--calls", "blocking", "--sizes", layout.table_sizes,
-                      "--out", path], {}, cluster, timeout)
+        _job([*BENCH, "tune", "--measure", "--calls", "blocking", "--sizes", layout.table_sizes, "--out", path],
+             {}, cluster, timeout)
         env, out["table"] = {"MCALLREDUCE_TUNING_FILE": path}, _read(path)
     runs: Dict[str, List[List[dict]]] = {kind: [] for kind in layout.jobs}
     for i in range(jobs):
