@@ -25,6 +25,7 @@ from .. import launch
 from ..units import parse_size
 from .output import subcommand_command, write_json
 from .provenance import provenance, utc_now
+from .timing import named
 
 BENCH = (sys.executable, "-m", "mcallreduce.bench")
 
@@ -187,10 +188,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
     parser.add_argument("--json", help="write every layout's records, tables and goal figures here")
     ns = parser.parse_args(argv)
-    names = [n for n in ns.layouts.split(",") if n]
-    unknown = sorted(set(names) - set(LAYOUTS))
-    if unknown:
-        parser.error(f"unknown layout(s) {', '.join(unknown)}; choose from {', '.join(LAYOUTS)}")
+    try:
+        names = named(ns.layouts, tuple(LAYOUTS), "layout")
+    except ValueError as exc:
+        parser.error(str(exc))
     if any(LAYOUTS[n].cluster for n in names) and os.geteuid() != 0:
         parser.error("the emulated cluster's layouts need root (network namespaces)")
     record = {"argv": subcommand_command("goals", argv), "started": utc_now(), "layouts": {}}

@@ -23,7 +23,7 @@ from . import example
 from .loader_start_rank import ARMS
 from .output import subcommand_command, write_json
 from .provenance import provenance, utc_now
-from .timing import alternated
+from .timing import alternated, named
 
 
 def _span(values: Sequence[float]) -> str:
@@ -73,10 +73,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
     parser.add_argument("--json", help="write the runs and the table here")
     ns = parser.parse_args(argv)
-    arms = [a for a in ns.arms.split(",") if a]
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown:
-        parser.error(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    try:
+        arms = named(ns.arms, ARMS, "arm")
+    except ValueError as exc:
+        parser.error(str(exc))
     if not os.path.isfile(ns.store):
         parser.error(f"no store at {ns.store}: python -m mcallreduce.data pack TREE/train {ns.store}")
     ns.store = os.path.abspath(ns.store)

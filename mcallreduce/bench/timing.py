@@ -9,7 +9,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["alternated", "carryover_balanced", "cpu_seconds", "iterations", "interleaved"]
+__all__ = ["alternated", "carryover_balanced", "cpu_seconds", "iterations", "interleaved", "named", "split_arm"]
 
 
 def cpu_seconds() -> float:
@@ -79,6 +79,15 @@ def alternated(arms: Sequence[str], rounds: int) -> Iterator[Tuple[int, str]]:
     for round_ in range(rounds):
         for arm in (arms if round_ % 2 == 0 else arms[::-1]):
             yield round_, arm
+
+
+def named(text: str, known: Sequence[str], what: str) -> List[str]:
+    """The names of a comma-separated option (``--arms a,b``), each one of ``known``, else ValueError."""
+    names = [n for n in text.split(",") if n]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {what}(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+    return names
 
 
 def split_arm(spec: str, known: Sequence[str]) -> Tuple[str, Dict[str, str]]:
