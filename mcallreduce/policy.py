@@ -78,13 +78,13 @@ def _table_path(config: Config) -> Optional[str]:
 
 
 def _tuned(config: Config, hosts: Sequence[Sequence[int]], nbytes: int,
-           itemsize: int, nonblocking: bool) -> Optional[Tuple[str, Params]]:
-    """The tuning table's choice for this layout, size and call kind; None where the table has
-    no row for this layout."""
+           itemsize: int, nonblocking: bool, mpi_ok: bool) -> Optional[Tuple[str, Params]]:
+    """The tuning table's choice for this layout, size and call kind (one MPI's allreduce can serve
+    or not); None where the table has no row for this layout, or no choice for such a call."""
     path = _table_path(config)
     if path is None:
         return None
-    return lookup(hosts, nbytes, itemsize, path=path, nonblocking=nonblocking)
+    return lookup(hosts, nbytes, itemsize, path=path, nonblocking=nonblocking, mpi_ok=mpi_ok)
 
 
 def measured_nonblocking(config: Config, hosts: Sequence[Sequence[int]]) -> bool:
@@ -130,8 +130,9 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     ``single_copy_ok``: whether the one-host stage could read the peers' buffers directly for
     this call (the kernel allows it, no prescale); from ``config.single_copy_bytes`` on it
     does, and then needs no slot of the message's size.
-    ``mpi_type``: whether MPI has the element type (float16 has none), so that a table
-    that picked MPI's allreduce for this size can be followed.
+    ``mpi_type``: whether MPI's allreduce can serve the call (MPI has the element type, which
+    float16 lacks), so that a table that picked it for this size can be followed; where not,
+    the row's measured "instead" runs (docs/algorithms.md, "mpi").
     ``mpi_ring``: whether every rank has a communicator running Open MPI's ring
     (:mod:`mcallreduce.mpit`); without it ``mpi-ring`` runs as ``mpi``.
     ``small_slot``: bytes of the window's small slots; up to ``config.one_sync_bytes`` and
@@ -148,9 +149,8 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     single_copy = _single_copy(config, nbytes, single_copy_ok)
     shared_fits = (len(hosts) == 1 and nranks > 1 and shared_slot > 0 and config.shm_bytes > 0
                    and (nbytes <= min(config.shm_bytes, shared_slot) or single_copy))
-    hit = _tuned(config, hosts, nbytes, itemsize, nonblocking) if knobs_unset and nranks > 1 else None
-    if hit is not None and hit[0] in MPI_ALGORITHMS and not mpi_type:   # the built-in rules instead
-        hit = None
+    # a call MPI's allreduce cannot serve takes the row's fastest other candidate, else the rules
+    hit = _tuned(config, hosts, nbytes, itemsize, nonblocking, mpi_type) if knobs_unset and nranks > 1 else None
     if hit is not None and hit[0] != "multicolor":      # the table picked another algorithm
         return _mpi_arm(hit[0], mpi_ring), Params(segment=hit[1].segment, depth=config.depth)
     if config.algorithm == "multicolor" and knobs_unset and shared_fits and (hit is None or hit[1].shared):

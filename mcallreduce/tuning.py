@@ -2,7 +2,9 @@
 
 A table holds, per layout ("4h1r": hosts x the most ranks on one host), rows by message size,
 each naming what ran fastest there: multicolor with its parameters (``shared`` for the one-host
-stage), doubling, ring, halving, mpi (MPI's own allreduce) or mpi-ring (Open MPI's ring). Rows
+stage), doubling, ring, halving, mpi (MPI's own allreduce) or mpi-ring (Open MPI's ring); a measured
+row that names MPI also names, under "instead", the fastest of the others, for the calls that MPI's
+allreduce cannot serve (float16, or a nonblocking call the row did not time). Rows
 measured with blocking calls sit under "tables", those measured with nonblocking calls under
 :data:`NONBLOCKING_SECTION`. ``tune --measure`` writes a measured table, ``tune`` a modelled one
 (:mod:`mcallreduce.sim.tuner`); :data:`BUILTIN_TABLE` is the one measured on this project's
@@ -56,16 +58,22 @@ def has_nonblocking_rows(hosts: Sequence[Sequence[int]], path: str) -> bool:
 
 
 def lookup(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int,
-           path: str, nonblocking: bool = False) -> Optional[Tuple[str, Params]]:
+           path: str, nonblocking: bool = False, mpi_ok: bool = True) -> Optional[Tuple[str, Params]]:
     """The table's choice for this layout (the first row of a size >= nbytes, else the last), or
     None where the table has no rows for the layout. ``nonblocking``: from the rows measured with
-    nonblocking calls where the table has them, else from the blocking ones."""
+    nonblocking calls where the table has them, else from the blocking ones. ``mpi_ok`` False: the
+    call cannot run MPI's allreduce, so a row that picked it gives its "instead", or None where it
+    has none (a modelled table, or one written before rows had it)."""
     rows = _tables(path, NONBLOCKING_SECTION).get(layout_name(hosts)) if nonblocking else None
     rows = rows or _tables(path).get(layout_name(hosts))
     if not rows:
         return None
     rows = sorted(rows, key=lambda r: r["size_bytes"])
     row = next((r for r in rows if r["size_bytes"] >= nbytes), rows[-1])
+    if not mpi_ok and row.get("algorithm") in ("mpi", "mpi-ring"):
+        row = row.get("instead")
+        if row is None:
+            return None
     seg = row.get("segment_bytes", 0) // itemsize if row.get("segment_bytes") else 0
     algorithm = row.get("algorithm", "multicolor")
     if algorithm in ("mpi", "mpi-ring"):

@@ -112,6 +112,9 @@ def test_tune_measure_writes_a_table_that_the_policy_then_follows(tmp_path):
                 best = "multicolor"
             want = "multicolor" if best.startswith("multicolor") else best   # multicolor-256K: a segment size
             assert row["algorithm"] == want, row
+            # a row that picked MPI also names our fastest candidate, for calls MPI cannot serve
+            assert ("instead" in row) == (want in ("mpi", "mpi-ring")), row
+            assert row.get("instead", {}).get("algorithm") not in ("mpi", "mpi-ring"), row
         for row in rows:
             algorithm, params = policy.resolve(cfg, row["size_bytes"], 4, [[0, 1]], 1 << 24, nonblocking=nonblocking)
             assert algorithm == row["algorithm"] and params.shared == row["shared"], (row, algorithm, params)

@@ -158,3 +158,27 @@ def test_usable_cores_take_the_tightest_quota_up_the_cgroup_tree(tmp_path, monke
         assert cgroups.usable_cores() == min(want, len(os.sched_getaffinity(0)))
     monkeypatch.setattr(cgroups, "cpu_hierarchy", lambda: None)   # no cpu controller: the affinity alone
     assert cgroups.cpu_quota_cores() is None and cgroups.usable_cores() == len(os.sched_getaffinity(0))
+
+
+def test_a_call_mpi_cannot_serve_takes_the_rows_fastest_other_candidate(tmp_path):
+    from mcallreduce.bench.tune_measure import choose_ours
+    instead = {"algorithm": "multicolor", "colors": 1, "segment_bytes": 1 << 20, "hierarchical": True,
+               "route": "ring", "shared": False}
+    rows = [{"size_bytes": 1 << 20, "algorithm": "mpi", "instead": {"algorithm": "halving", "segment_bytes": 0}},
+            {"size_bytes": 8 << 20, "algorithm": "mpi-ring", "instead": instead},
+            {"size_bytes": 32 << 20, "algorithm": "mpi"}]                     # a table from before "instead"
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"measured": True, "tables": {"4h1r": rows}}))
+    config, hosts = Config(tuning_file=str(path)), [[0], [1], [2], [3]]
+    assert resolve(config, 1 << 20, 4, hosts)[0] == "mpi"                    # float32, blocking: the row's pick
+    assert resolve(config, 1 << 20, 2, hosts, mpi_type=False) == ("halving", resolve(
+        Config(algorithm="halving", segment_bytes=0), 1 << 20, 2, hosts)[1])   # float16: the row's "instead"
+    algorithm, params = resolve(config, 8 << 20, 2, hosts, mpi_type=False)
+    assert (algorithm, params.colors, params.segment, params.route) == ("multicolor", 1, (1 << 20) // 2, "ring")
+    # without "instead", the built-in rules, as before rows had it
+    rules = Config(tuning_file="none")
+    assert resolve(config, 32 << 20, 2, hosts, mpi_type=False) == resolve(rules, 32 << 20, 2, hosts)
+    # the tuner names as "instead" the fastest of our own candidates, with the same margin for the built-in one
+    times = {"multicolor": 2.0, "multicolor-1M": 1.5, "ring": 1.6, "mpi": 1.0, "mpi-ring": 1.1}
+    assert choose_ours(times, margin=0.03) == "multicolor-1M"
+    assert choose_ours({**times, "multicolor": 1.52}, margin=0.03) == "multicolor"

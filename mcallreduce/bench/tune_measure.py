@@ -92,6 +92,22 @@ def choose(times: Dict[str, float], margin: float) -> str:
     return "multicolor" if times["multicolor"] <= (1 + margin) * times[best] else best
 
 
+def choose_ours(times: Dict[str, float], margin: float) -> str:
+    """:func:`choose` among our own candidates: a row's ``instead``, for calls that MPI's
+    allreduce cannot serve (float16; nonblocking calls on blocking rows)."""
+    return choose({name: t for name, t in times.items() if name not in ("mpi", "mpi-ring")}, margin)
+
+
+def _planned(ctx, base, name: str, size: int, nonblocking: bool) -> Dict:
+    """Candidate ``name`` at ``size`` bytes as a table row names it: the plan's algorithm and parameters."""
+    _, algorithm, overrides = next(c for c in CANDIDATES if c[0] == name)
+    plan = ctx.plan(base.with_overrides(algorithm=algorithm, **overrides), max(1, size // 4),
+                    np.dtype(np.float32), "sum", 1.0, 1.0, nonblocking=nonblocking)
+    p = plan.params
+    return {"algorithm": plan.algorithm, "colors": p.colors, "segment_bytes": p.segment * 4,
+            "hierarchical": p.hierarchical, "route": p.route, "shared": p.shared}
+
+
 def measure(sizes: Sequence[int], seconds: float, min_iters: int, passes: int = 3,
             margin: float = DEFAULT_MARGIN, nonblocking: bool = False) -> List[Dict]:
     from mpi4py import MPI
@@ -105,13 +121,10 @@ def measure(sizes: Sequence[int], seconds: float, min_iters: int, passes: int = 
         times = _time_size(comm, size, seconds, min_iters, passes, candidates(ctx.coll_ring is not None),
                            nonblocking)
         best = choose(times, margin)
-        _, algorithm, overrides = next(c for c in CANDIDATES if c[0] == best)
-        plan = ctx.plan(base.with_overrides(algorithm=algorithm, **overrides), max(1, size // 4),
-                        np.dtype(np.float32), "sum", 1.0, 1.0, nonblocking=nonblocking)
-        p = plan.params
-        rows.append({"size_bytes": size, "algorithm": plan.algorithm, "colors": p.colors,
-                     "segment_bytes": p.segment * 4, "hierarchical": p.hierarchical, "route": p.route,
-                     "shared": p.shared, "measured_s": times})
+        row = {"size_bytes": size, **_planned(ctx, base, best, size, nonblocking), "measured_s": times}
+        if row["algorithm"] in ("mpi", "mpi-ring"):
+            row["instead"] = _planned(ctx, base, choose_ours(times, margin), size, nonblocking)
+        rows.append(row)
         if comm.Get_rank() == 0:
             cells = "  ".join(f"{n} {t * 1e6:9.1f}" for n, t in times.items())
             print(f"{'nonblocking' if nonblocking else 'blocking':>11} {format_size(size):>6}  {cells}  -> {best}",
