@@ -168,7 +168,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"# wrote {ns.out} ({layout})", file=sys.stderr)
         if "nonblocking" not in kinds:    # what the Horovod plugin and DDP then get (docs/ddp.md)
             print("# note: no nonblocking rows: allreduce_async (the Horovod plugin, DDP's hook and backend) "
-                  "follows the blocking rows, and where they pick MPI's own allreduce it runs the built-in "
-                  "rules' schedule instead; measure with --calls blocking,nonblocking for those",
+                  "follows the blocking rows, and where they pick MPI's own allreduce it runs the row's "
+                  "fastest own candidate, timed blocking; measure with --calls blocking,nonblocking for those",
                   file=sys.stderr)
     return 0
