@@ -183,8 +183,8 @@ class Plan:
                                 "type); use multicolor or ring")
             self.kind = _executor.KIND_MPI_RING if self.algorithm == "mpi-ring" else _executor.KIND_MPI
             if config.algorithm not in MPI_ALGORITHMS and not (nonblocking and measured_nonblocking(config, ctx.hosts)):
-                # a blocking table's pick, run where every rank can wait for it alone; elsewhere the
-                # rules' schedule runs (the table did not time MPI_Iallreduce: docs/algorithms.md, "mpi")
+                # a blocking table's pick, run where every rank can wait for it alone; elsewhere the row's
+                # "instead" (or the rules') runs: the table did not time MPI_Iallreduce (docs/algorithms.md, "mpi")
                 self._lower(ctx, *resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, mpi_type=False),
                             nelem, dtype)
         else:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
 from .algorithms import Params
+from .config import MPI_ALGORITHMS
 
 __all__ = ["BUILTIN_TABLE", "NONBLOCKING_SECTION", "layout_name", "has_nonblocking_rows", "lookup"]
 
@@ -70,13 +71,13 @@ def lookup(hosts: Sequence[Sequence[int]], nbytes: int, itemsize: int,
         return None
     rows = sorted(rows, key=lambda r: r["size_bytes"])
     row = next((r for r in rows if r["size_bytes"] >= nbytes), rows[-1])
-    if not mpi_ok and row.get("algorithm") in ("mpi", "mpi-ring"):
+    if not mpi_ok and row.get("algorithm") in MPI_ALGORITHMS:
         row = row.get("instead")
         if row is None:
             return None
     seg = row.get("segment_bytes", 0) // itemsize if row.get("segment_bytes") else 0
     algorithm = row.get("algorithm", "multicolor")
-    if algorithm in ("mpi", "mpi-ring"):
+    if algorithm in MPI_ALGORITHMS:
         return algorithm, Params()
     if algorithm in ("doubling", "ring", "halving"):
         return algorithm, Params(segment=0 if algorithm == "doubling" else seg)

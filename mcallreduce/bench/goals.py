@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import launch
+from ..config import MPI_ALGORITHMS
 from ..units import parse_size
 from .output import subcommand_command, write_json
 from .provenance import provenance, utc_now
@@ -98,7 +99,7 @@ def figure(goal: Goal, records: List[dict], link_Bps: Optional[float], stream_Bp
 
     def value(operand: str) -> float:
         if operand == "best-mpi":
-            return min(at[arm][goal.field] for arm in ("mpi", "mpi-ring"))
+            return min(at[arm][goal.field] for arm in MPI_ALGORITHMS)
         if operand in ("link", "stream"):
             rate = link_Bps if operand == "link" else stream_Bps
             if rate is None:

@@ -10,12 +10,13 @@ does); ``persistent``: the preload and ``persistent_workers=True``, so workers s
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import sys
 import time
 from typing import List, Optional, Sequence
+
+from .output import write_json
 
 ARMS = ("none", "preload", "persistent")
 
@@ -58,9 +59,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     seconds = first_batch_seconds(loader, dataset, ns.epochs)
     MPI = mpi()
     out = ns.out.replace("RANK", str(MPI.COMM_WORLD.Get_rank() if MPI else 0))
-    with open(f"{out}.tmp", "w") as f:
-        json.dump({"arm": ns.arm, "host": os.uname().nodename, "seconds": seconds}, f)
-    os.replace(f"{out}.tmp", out)
+    write_json(out, {"arm": ns.arm, "host": os.uname().nodename, "seconds": seconds}, indent=None)
     return 0
 
 

@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..config import MPI_ALGORITHMS
 from ..tuning import NONBLOCKING_SECTION, layout_name
 from ..units import format_size, parse_size
 from .output import command, write_json
@@ -95,7 +96,7 @@ def choose(times: Dict[str, float], margin: float) -> str:
 def choose_ours(times: Dict[str, float], margin: float) -> str:
     """:func:`choose` among our own candidates: a row's ``instead``, for calls that MPI's
     allreduce cannot serve (float16; nonblocking calls on blocking rows)."""
-    return choose({name: t for name, t in times.items() if name not in ("mpi", "mpi-ring")}, margin)
+    return choose({name: t for name, t in times.items() if name not in MPI_ALGORITHMS}, margin)
 
 
 def _planned(ctx, base, name: str, size: int, nonblocking: bool) -> Dict:
@@ -122,7 +123,7 @@ def measure(sizes: Sequence[int], seconds: float, min_iters: int, passes: int = 
                            nonblocking)
         best = choose(times, margin)
         row = {"size_bytes": size, **_planned(ctx, base, best, size, nonblocking), "measured_s": times}
-        if row["algorithm"] in ("mpi", "mpi-ring"):
+        if row["algorithm"] in MPI_ALGORITHMS:
             row["instead"] = _planned(ctx, base, choose_ours(times, margin), size, nonblocking)
         rows.append(row)
         if comm.Get_rank() == 0:
