@@ -64,7 +64,7 @@ ALGORITHMS = ("multicolor", "ring", "doubling", "halving") + MPI_ALGORITHMS
 
 # Across hosts, pipeline segments stay under Open MPI's TCP eager limit: a larger message waits
 # for the receiver's clear-to-send, which queues behind whatever the receiver's NIC is sending
-# (measured: docs/defaults.md, "Two-way connections" and "A ring's clear-to-send").
+# (measured: docs/defaults-hosts.md, "Two-way connections" and "A ring's clear-to-send").
 EAGER_LIMIT_VARIABLE = "OMPI_MCA_btl_tcp_eager_limit"
 EAGER_LIMIT_BYTES = 64 << 10     # Open MPI's default btl_tcp_eager_limit (headers included)
 EAGER_HEADER_BYTES = 1 << 10     # room for the PML and BTL headers
@@ -95,7 +95,7 @@ SINGLE_COPY_BYTES = 64 << 10
 ONE_SYNC_BYTES = 32 << 10
 
 # A blocking wait polls MPI for this long after the last completion, then sleeps between polls
-# (docs/benchmarks.md, "How long a wait polls").
+# (docs/benchmarks-limits.md, "How long a wait polls").
 POLL_US = 1000
 
 ROUTES = ("tree", "ring")

@@ -20,6 +20,7 @@ import tempfile
 import sys
 from typing import Dict, Mapping, Optional, Sequence
 
+from .cgroups import usable_cores
 from .mpit import DYNAMIC_RULES, DYNAMIC_RULES_ENV
 
 __all__ = ["mpirun_command", "run", "main", "launched_by_mpirun", "LAUNCHER_VARS"]
@@ -60,8 +61,8 @@ def mpirun_command(
     cmd = [_mpirun(), "-np", str(np)]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    slots = np if hosts is None else None
-    oversubscribed = slots is not None and slots > (os.cpu_count() or 1)
+    # more ranks than the cores this process may use (its affinity and cgroup quota) must share them
+    oversubscribed = hosts is None and np > max(1, int(usable_cores()))
     if hosts is not None or oversubscribed:
         cmd.append("--oversubscribe")
     # Always yield when idle: on a shared or oversubscribed machine a spinning rank

@@ -41,7 +41,7 @@ STAR_MAX_HOSTS = 8         # up to this many hosts, one color per host (direct r
 # From 256 KiB the colors cross hosts on rings, not trees (route "ring", one ring per local
 # rank): the same bytes per NIC, but each host sends to one neighbour, one way, which kept
 # shaped links busier; trees keep the small messages, where 2 log(N) hops beat the ring's
-# 2(N-1) (measurements: docs/defaults.md, "Trees or rings across hosts").
+# 2(N-1) (measurements: docs/defaults-hosts.md, "Trees or rings across hosts").
 RING_ROUTE_MIN_BYTES = 256 << 10
 RING_ROUTE_MAX_HOSTS = 8   # measured up to 8 hosts; beyond, the ring's 2(N-1) hops are untested
 # The latency regime of the multicolor family: log2(p) exchanges of the whole message

@@ -280,8 +280,8 @@ def test_tuning_table_lookup(tmp_path):
 
 def test_report_splices_only_its_section_and_checks_goals(tmp_path):
     from mcallreduce.bench import report
-    md = tmp_path / "benchmarks.md"
-    md.write_text("# Benchmarks\n\nhand-written table\n")
+    md = tmp_path / "report.md"
+    md.write_text("# Report\n\nhand-written table\n")
     report.splice(md, f"{report.BEGIN}\nfirst\n{report.END}\n")
     report.splice(md, f"{report.BEGIN}\nsecond\n{report.END}\n")
     text = md.read_text()
@@ -320,9 +320,9 @@ def test_report_from_saved_measurements(tmp_path):
         {"setup": "2h1r", "hosts": 2, "ranks_per_host": 1, "rate": "200mbit",
          "barrier": {"ranks": 2, "barrier_s": 5e-4}, "records": recs}))
     (data / "sweep-log.json").write_text(json.dumps({"log": ["2h1r: 9 s"], "date": "d", "autogroups": "off"}))
-    (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\nkeep me\n")
+    (tmp_path / "report.md").write_text("# Report\n\nkeep me\n")
     assert report.main(["--skip-measure", "--skip-paper", "--setups", "2x1", "--docs", str(tmp_path)]) == 0
-    text = (tmp_path / "benchmarks.md").read_text()
+    text = (tmp_path / "report.md").read_text()
     assert "keep me" in text and report.BEGIN in text and "Model vs measurement" in text
     assert "Kernel autogroups while the hosts were up: off" in text
     assert (tmp_path / "img" / "busbw.png").read_bytes()[:4] == b"\x89PNG"

@@ -8,7 +8,7 @@ import sys
 # subcommand (and its module under mcallreduce.bench) -> what it does; the --help epilog is made from it
 COMMANDS = {
     "tune": "the tuning table: from the cost model, or --measure on this cluster",
-    "report": "emulated-cluster sweep + model -> docs/benchmarks.md (root)",
+    "report": "emulated-cluster sweep + model -> docs/report.md (root)",
     "ddp": "DDP on gloo vs the multicolor hook / backend (docs/ddp.md)",
     "e2e": "the ImageNet example's ablation on the emulated cluster (docs/e2e.md)",
     "accuracy": "top-1 on real digits: folder vs memory shuffles, stock vs plugin",

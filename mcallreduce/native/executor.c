@@ -308,7 +308,7 @@ static void completed(EngineObject *e, int n, int in_status) {
 /* MPI_Iallreduce advances a round only inside a poll and reports nothing until its last round,
    so while one is posted the wait polls COLL_POLL_FACTOR times as long, then naps as briefly as
    the kernel's timer slack allows until COLL_SHORT_NAP_FACTOR times poll_s, when a round lasts
-   long enough for the usual naps (docs/benchmarks.md, "How long a wait polls"). */
+   long enough for the usual naps (docs/benchmarks-limits.md, "How long a wait polls"). */
 #define COLL_POLL_FACTOR 10
 #define COLL_SHORT_NAP_FACTOR 100
 #define COLL_SLEEP_MAX_NS 50000L

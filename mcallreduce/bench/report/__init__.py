@@ -9,7 +9,7 @@ emulated cluster up (prefix ``mcrep``), calibrate the model on the first setup
 with multicolor, ring, mpi and mpi-ring (and stock Horovod through horovod.torch when
 it is installed), then take the cluster down. Then predict every measured point with
 the model, check the goals, predict the paper's scale, and write PNG plots
-(docs/img/), raw JSON (docs/data/) and the section of docs/benchmarks.md between
+(docs/img/), raw JSON (docs/data/) and the section of docs/report.md between
 ``<!-- report:begin -->`` and ``<!-- report:end -->`` (the rest of the file is kept).
 
 The steps are modules of their own: :mod:`.measure` (the sweep), :mod:`.model` (predictions
@@ -90,8 +90,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         paper_rows = json.loads((data / "paper-scale.json").read_text())
     made = plots(setups, pts, paper_rows, img)
     goal_rows = goals(setups, link_bytes_per_s(setups[0]["rate"]))
-    splice(docs / "benchmarks.md", markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning))
-    print(f"report: wrote {docs / 'benchmarks.md'} and {', '.join(made)}", file=sys.stderr)
+    splice(docs / "report.md", markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning))
+    print(f"report: wrote {docs / 'report.md'} and {', '.join(made)}", file=sys.stderr)
     for name, target, got, ok in goal_rows:
         print(f"  {name}: {got} (target {target}) {'ok' if ok else 'NOT MET'}")
     return 0

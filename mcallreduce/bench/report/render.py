@@ -1,4 +1,4 @@
-"""The report's output: PNG plots and the markdown section of docs/benchmarks.md."""
+"""The report's output: PNG plots and the markdown section of docs/report.md."""
 from __future__ import annotations
 
 import json
@@ -261,10 +261,10 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"({eager} with headers) waits for the receiver's clear-to-send, which queues behind the receiver's own "
         f"data in the other direction: the calibration measured a two-way stream at {d:.2f} of the one-way rate "
         f"with 8 MiB messages and {ds:.2f} with 256 KiB ones, but {de:.2f} with eager-sized messages "
-        f"(`cluster duplex` shows the same: docs/defaults.md, \"Two-way connections\"). Plain TCP sockets "
+        f"(`cluster duplex` shows the same: docs/defaults-hosts.md, \"Two-way connections\"). Plain TCP sockets "
         f"lose nothing both ways, so the loss is the rendezvous protocol's. A ring pays it too, although its "
         f"connections carry data one way: the clear-to-send queues behind the data the receiver's NIC sends "
-        f"to its other neighbour (measured: docs/defaults.md, \"Two-way connections\"). The runtime therefore pipelines every message of every schedule that crosses "
+        f"to its other neighbour (measured: docs/defaults-hosts.md, \"Two-way connections\"). The runtime therefore pipelines every message of every schedule that crosses "
         f"hosts in segments under the eager limit ({segment}; `OMPI_MCA_btl_tcp_eager_limit` is respected).")
     out.append(
         f"* *Large messages, one rank per host.* From 256 KiB on up to 8 hosts the colors cross hosts on "
@@ -274,9 +274,9 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
         f"All three are bandwidth-optimal and move the same bytes, so one run's ratio between them is within "
         f"its noise. Multicolor's busbw is {bus('4h1r', 'multicolor'):.2f} of the link; a one-way stream gets "
         f"{cal.get('nic_efficiency', float('nan')):.2f} of it (tbf counts whole frames), and a ring's NIC "
-        f"sends and receives at once (docs/benchmarks.md, \"Frames: where the last 5 % goes\"). The trees (one star per host) send "
+        f"sends and receives at once (docs/benchmarks-limits.md, \"Frames: where the last 5 % goes\"). The trees (one star per host) send "
         f"the same bytes but as three two-way flows per shaped NIC, and reached less of the link than the ring "
-        f"(docs/defaults.md, \"Trees or rings across hosts\").")
+        f"(docs/defaults-hosts.md, \"Trees or rings across hosts\").")
     out.append(
         f"* *Two ranks per host, 32 MiB.* Hierarchical multicolor vs flat ring: "
         f"{t('4h2r', 'ring', 32 << 20) / t('4h2r', 'multicolor', 32 << 20):.2f}x (4 hosts), "
@@ -311,7 +311,7 @@ def findings(setups: List[Dict], cal: Dict, tuning: Dict) -> List[str]:
 
 def splice(path: Path, section: str) -> None:
     """Replace the report section of ``path`` (or append it), keeping everything else."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    text = path.read_text() if path.exists() else "# The emulated cluster against the cost model\n\n"
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
         tail = rest.split(END, 1)[1]
