@@ -313,16 +313,29 @@ static void completed(EngineObject *e, int n, int in_status) {
 #define COLL_SHORT_NAP_FACTOR 100
 #define COLL_SLEEP_MAX_NS 50000L
 
-/* MPI's nonblocking allreduce, or a call fused with its check: rounds of one message each, that
-   naps would delay round by round; a fused call only while no schedule's segments are posted (they
-   keep naps short), so the plugin's metadata allreduce beside a bucket does not keep it polling. */
+/* Whether schedule step `i` of run `r` moves more than a check piece, the eager limit across hosts:
+   such a message travels by rendezvous, whose fragments move only inside a poll on both sides. */
+static int rendezvous_step(const EngineObject *e, const run_t *r, int32_t i) {
+    const ProgramObject *prog = (const ProgramObject *)r->program;
+    return prog && prog->steps[i].op != STEP_REDUCE && prog->steps[i].count * (int64_t)r->isz > (int64_t)e->piece_bytes;
+}
+
+/* MPI's nonblocking allreduce, a schedule's message above the eager limit, or a call fused with its
+   check: rounds of one message each, or one message's fragments, that naps would delay round by round
+   (docs/benchmarks-limits.md, "How long a wait polls"); a fused call only while no schedule's segments
+   are posted (they keep naps short), so the plugin's metadata allreduce beside a bucket does not keep
+   it polling. */
 static int chain_posted(const EngineObject *e) {
     int fused = 0, steps = 0;
     for (int i = 0; i < e->nreqs; i++) {
         int32_t owner = e->owner_step[i];
         if (owner == OWNER_COLLECTIVE) return 1;
-        if (owner >= 0) steps = 1;   /* a schedule's step */
-        else if ((owner == OWNER_CHECK_RECV || owner == OWNER_CHECK_PIECE) && FUSED(e->owner_run[i]->kind)) fused = 1;
+        if (owner >= 0) {   /* a schedule's step */
+            if (rendezvous_step(e, e->owner_run[i], owner)) return 1;
+            steps = 1;
+        } else if ((owner == OWNER_CHECK_RECV || owner == OWNER_CHECK_PIECE) && FUSED(e->owner_run[i]->kind)) {
+            fused = 1;
+        }
     }
     return fused && !steps;
 }
