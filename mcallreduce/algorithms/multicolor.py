@@ -18,7 +18,7 @@ color's local roots run a ring allreduce of its slice (reduce-scatter then allga
 one hop to the next host each step). A ring moves the same bytes per NIC as the k
 trees but sends each host's data to one neighbour only, one way; on few hosts and
 large messages that keeps a shaped link busier than the trees' two-way, many-peer
-traffic (measured in docs/benchmarks.md), at the price of 2(N-1) hops instead of
+traffic (docs/defaults-hosts.md, "Trees or rings across hosts"), at the price of 2(N-1) hops instead of
 2 log(N). With L ranks per host and L colors, every local rank carries one ring.
 
 Cost: see docs/algorithms.md.

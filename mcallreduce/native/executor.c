@@ -313,8 +313,9 @@ static void completed(EngineObject *e, int n, int in_status) {
 #define COLL_SHORT_NAP_FACTOR 100
 #define COLL_SLEEP_MAX_NS 50000L
 
-/* Whether schedule step `i` of run `r` moves more than a check piece, the eager limit across hosts:
-   such a message travels by rendezvous, whose fragments move only inside a poll on both sides. */
+/* Whether schedule step `i` of run `r` moves more than a check piece (across hosts, under the TCP eager
+   limit; on one host, never): such a message travels by rendezvous, whose fragments move only inside a
+   poll on both sides. */
 static int rendezvous_step(const EngineObject *e, const run_t *r, int32_t i) {
     const ProgramObject *prog = (const ProgramObject *)r->program;
     return prog && prog->steps[i].op != STEP_REDUCE && prog->steps[i].count * (int64_t)r->isz > (int64_t)e->piece_bytes;
@@ -329,11 +330,13 @@ static int chain_posted(const EngineObject *e) {
     int fused = 0, steps = 0;
     for (int i = 0; i < e->nreqs; i++) {
         int32_t owner = e->owner_step[i];
+        const run_t *r = e->owner_run[i];
+        if (r == NULL || r->abandoned) continue;   /* a standing request, or a run no wait is for */
         if (owner == OWNER_COLLECTIVE) return 1;
         if (owner >= 0) {   /* a schedule's step */
-            if (rendezvous_step(e, e->owner_run[i], owner)) return 1;
+            if (rendezvous_step(e, r, owner)) return 1;
             steps = 1;
-        } else if ((owner == OWNER_CHECK_RECV || owner == OWNER_CHECK_PIECE) && FUSED(e->owner_run[i]->kind)) {
+        } else if ((owner == OWNER_CHECK_RECV || owner == OWNER_CHECK_PIECE) && FUSED(r->kind)) {
             fused = 1;
         }
     }
