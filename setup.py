@@ -84,7 +84,8 @@ def executor_extension():
     return [Extension("mcallreduce._executor", ["mcallreduce/native/module.c", "mcallreduce/native/program.c",
                                                 "mcallreduce/native/executor.c",
                                                 "mcallreduce/native/check.c", "mcallreduce/native/collective.c", "mcallreduce/native/early.c",
-                                                "mcallreduce/native/shared_stage.c", "mcallreduce/native/standing.c"],
+                                                "mcallreduce/native/shared_stage.c", "mcallreduce/native/standing.c",
+                                                "mcallreduce/native/naps.c"],
                       depends=["mcallreduce/native/kernels.h", "mcallreduce/native/executor.h"],
                       extra_compile_args=cflags + ["-O3", "-std=c11"], extra_link_args=ldflags)]
 

@@ -15,7 +15,7 @@ shared-memory stage. This module only decides *when* it runs:
   does no point-to-point MPI beside the thread that progresses). With nothing in flight the
   thread sleeps on that event; with calls in flight it waits as every blocking wait does,
   polling while messages complete and sleeping between polls once they stop
-  (native/executor.c), so no wait keeps a core that the backward pass could use.
+  (native/naps.c), so no wait keeps a core that the backward pass could use.
 
 Every call's metadata check is the same recursive doubling of the vector on every rank
 (native/check.c), whatever the call: ranks that disagree about a call (one within the

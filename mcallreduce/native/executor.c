@@ -12,9 +12,9 @@
  *
  * A peer's goodbye fails the runs it will never take part in. The bodies other than a
  * schedule live in collective.c and shared_stage.c, the wake-up and goodbye requests in
- * standing.c; module.c is the Python interface. Python (mcallreduce/engine.py) serialises
- * calls into an Engine: it is not thread-safe on its own, but any one call may block in MPI
- * with the GIL released.
+ * standing.c, when a blocking wait sleeps in naps.c; module.c is the Python interface.
+ * Python (mcallreduce/engine.py) serialises calls into an Engine: it is not thread-safe on
+ * its own, but any one call may block in MPI with the GIL released.
  */
 #include "executor.h"   /* Python.h first: it sets the POSIX feature macros */
 
@@ -298,51 +298,6 @@ static void completed(EngineObject *e, int n, int in_status) {
     }
 }
 
-/* A blocking wait polls while messages keep completing and sleeps once they stop: MPI's own
-   wait would spin (with mpi_yield_when_idle, yield and spin) on a core that the peers, the
-   backward pass or the decoder need. After poll_s without a completion it sleeps between
-   polls, each nap at most an eighth of the time waited so far (so sleeping adds at most that
-   share to a wait) and at most SLEEP_MAX_NS (well under a pipeline segment's time on a slow
-   link, so a forwarding rank keeps its links busy); any completion polls again. */
-#define SLEEP_MAX_NS 200000L
-/* MPI_Iallreduce advances a round only inside a poll and reports nothing until its last round,
-   so while one is posted the wait polls COLL_POLL_FACTOR times as long, then naps as briefly as
-   the kernel's timer slack allows until COLL_SHORT_NAP_FACTOR times poll_s, when a round lasts
-   long enough for the usual naps (docs/benchmarks-limits.md, "How long a wait polls"). */
-#define COLL_POLL_FACTOR 10
-#define COLL_SHORT_NAP_FACTOR 100
-#define COLL_SLEEP_MAX_NS 50000L
-
-/* Whether schedule step `i` of run `r` moves more than a check piece (across hosts, under the TCP eager
-   limit; on one host, never): such a message travels by rendezvous, whose fragments move only inside a
-   poll on both sides. */
-static int rendezvous_step(const EngineObject *e, const run_t *r, int32_t i) {
-    const ProgramObject *prog = (const ProgramObject *)r->program;
-    return prog && prog->steps[i].op != STEP_REDUCE && prog->steps[i].count * (int64_t)r->isz > (int64_t)e->piece_bytes;
-}
-
-/* MPI's nonblocking allreduce, a schedule's message above the eager limit, or a call fused with its
-   check: rounds of one message each, or one message's fragments, that naps would delay round by round
-   (docs/benchmarks-limits.md, "How long a wait polls"); a fused call only while no schedule's segments
-   are posted (they keep naps short), so the plugin's metadata allreduce beside a bucket does not keep
-   it polling. */
-static int chain_posted(const EngineObject *e) {
-    int fused = 0, steps = 0;
-    for (int i = 0; i < e->nreqs; i++) {
-        int32_t owner = e->owner_step[i];
-        const run_t *r = e->owner_run[i];
-        if (r == NULL || r->abandoned) continue;   /* a standing request, or a run no wait is for */
-        if (owner == OWNER_COLLECTIVE) return 1;
-        if (owner >= 0) {   /* a schedule's step */
-            if (rendezvous_step(e, r, owner)) return 1;
-            steps = 1;
-        } else if ((owner == OWNER_CHECK_RECV || owner == OWNER_CHECK_PIECE) && FUSED(r->kind)) {
-            fused = 1;
-        }
-    }
-    return fused && !steps;
-}
-
 /* Block (or test once) until `until` is done, or with until NULL until any run finishes or
    the wake-up completes. Runs without the GIL. */
 void progress(EngineObject *e, int block, run_t *until) {
@@ -370,14 +325,8 @@ void progress(EngineObject *e, int block, run_t *until) {
         if (n != MPI_UNDEFINED && n > 0) {
             last = now_s();
         } else {
-            double idle = now_s() - last;
-            long nap = (long)(idle * 1e9 / 8);
-            int coll = idle >= e->poll_s && chain_posted(e);
-            long nap_max = coll && idle < COLL_SHORT_NAP_FACTOR * e->poll_s ? COLL_SLEEP_MAX_NS : SLEEP_MAX_NS;
-            if (idle >= (coll ? COLL_POLL_FACTOR * e->poll_s : e->poll_s)) {
-                struct timespec ts = {0, nap < nap_max ? nap : nap_max};
-                nanosleep(&ts, NULL);
-            }
+            struct timespec ts;
+            if (nap_after(e, now_s() - last, &ts)) nanosleep(&ts, NULL);
         }
     }
     e->in_mpi = NULL;

@@ -6,6 +6,7 @@
 #include <Python.h>
 #include <mpi.h>
 #include <pthread.h>
+#include <time.h>
 
 #include "kernels.h"
 
@@ -166,6 +167,9 @@ int agreed(const run_t *r);                /* whether meta_out says every rank s
 void start_run(EngineObject *e, run_t *r);            /* a submitted run, from its check on */
 void progress(EngineObject *e, int block, run_t *until);   /* without the GIL */
 void free_run(run_t *r);
+
+/* naps.c: after `idle` seconds without a completion, whether a blocking wait sleeps, and for how long */
+int nap_after(const EngineObject *e, double idle, struct timespec *ts);
 
 /* standing.c: the wake-up and goodbye requests every wait includes */
 void post_wake(EngineObject *e);
