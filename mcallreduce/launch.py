@@ -1,7 +1,7 @@
 """The one way this project starts an MPI job (tests, benchmarks, examples).
 
 Open MPI needs a few flags that depend on the machine rather than on the job:
-``--allow-run-as-root`` as root, ``--oversubscribe`` with more ranks than cores,
+``--allow-run-as-root`` as root, ``--oversubscribe`` (more ranks than cores may share them),
 and then ``--mca mpi_yield_when_idle 1``: without it, ranks that spin in MPI's
 progress loop starve each other and a benchmark measures the scheduler instead
 of the network (docs/cluster.md).
@@ -20,7 +20,6 @@ import tempfile
 import sys
 from typing import Dict, Mapping, Optional, Sequence
 
-from .cgroups import usable_cores
 from .mpit import DYNAMIC_RULES, DYNAMIC_RULES_ENV
 
 __all__ = ["mpirun_command", "run", "main", "launched_by_mpirun", "LAUNCHER_VARS"]
@@ -61,10 +60,10 @@ def mpirun_command(
     cmd = [_mpirun(), "-np", str(np)]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    # more ranks than the cores this process may use (its affinity and cgroup quota) must share them
-    oversubscribed = hosts is None and np > max(1, int(usable_cores()))
-    if hosts is not None or oversubscribed:
-        cmd.append("--oversubscribe")
+    # always: mpirun's slots count physical cores, which no count here matches on every machine
+    # (hardware threads, a CPU affinity or a cgroup quota give others), and with more ranks than
+    # slots it refuses to start; the flag changes nothing when the ranks fit
+    cmd.append("--oversubscribe")
     # Always yield when idle: on a shared or oversubscribed machine a spinning rank
     # steals the core its peer needs. It costs nothing measurable when cores are free.
     params = {"mpi_yield_when_idle": "1"}
