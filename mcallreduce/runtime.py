@@ -39,6 +39,7 @@ _ROUTE_CODE = {name: i + 1 for i, name in enumerate(ROUTES)}
 _FUSED_KINDS = (_executor.KIND_FUSED_DOUBLING, _executor.KIND_FUSED_HALVING)
 _STAGE_CODE = {_executor.KIND_SHARED: 1, _executor.KIND_SINGLE_COPY: 2, _executor.KIND_SHARED_ONE_SYNC: 3}
 _MAX_MESSAGE_BYTES = (1 << 31) - 1   # the executor posts byte counts as C ints
+_MAX_MPI_COUNT = (1 << 31) - 1       # and MPI's own allreduce element counts
 
 
 class Context:
@@ -160,7 +161,8 @@ class Plan:
     def __init__(self, ctx: Context, config: Config, nelem: int, dtype: np.dtype, op: str,
                  pre: float, post: float, nonblocking: bool = False):
         slot, small = (ctx.shared.slot_bytes, ctx.shared.small_bytes) if ctx.shared is not None else (0, 0)
-        mpi_type = dtype != np.float16   # the one supported dtype MPI has no type for
+        # MPI has no float16, and takes element counts as C ints (Open MPI 4.1 has no large-count calls)
+        mpi_type = dtype != np.float16 and nelem <= _MAX_MPI_COUNT
         direct = ctx.single_copy and pre == 1.0   # a prescaled copy needs the window's slots
         self.algorithm, self.params = resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, slot,
                                               mpi_type=mpi_type, single_copy_ok=direct,
@@ -178,9 +180,12 @@ class Plan:
             # reduced along its own metadata check, which then costs nothing: check or not, the fastest path
             self.kind = _executor.KIND_FUSED_DOUBLING if self.algorithm == "doubling" else _executor.KIND_FUSED_HALVING
         elif self.algorithm in MPI_ALGORITHMS:
-            if not mpi_type:
+            if dtype == np.float16:
                 raise TypeError(f"mcallreduce: algorithm {self.algorithm!r} cannot reduce float16 (MPI has no such "
                                 "type); use multicolor or ring")
+            if not mpi_type:
+                raise ValueError(f"mcallreduce: algorithm {self.algorithm!r} takes at most {_MAX_MPI_COUNT} elements "
+                                 f"(MPI's counts are C ints), not {nelem}; use multicolor or ring")
             self.kind = _executor.KIND_MPI_RING if self.algorithm == "mpi-ring" else _executor.KIND_MPI
             if config.algorithm not in MPI_ALGORITHMS and not (nonblocking and measured_nonblocking(config, ctx.hosts)):
                 # a blocking table's pick, run where every rank can wait for it alone; elsewhere the row's

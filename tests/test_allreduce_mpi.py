@@ -110,6 +110,11 @@ def test_a_stalled_call_is_reported_and_a_rank_that_leaves_makes_the_others_rais
     assert result.stderr.count('peer_leaves.py", line') >= np_ - 1, result.stderr
 
 
+@pytest.mark.parametrize("mode", ["wait", "blocking"])
+def test_a_call_whose_receive_fails_raises_and_the_next_one_runs(mode):
+    passed(mpi_script(2, "failed_receive.py", mode, timeout=60))
+
+
 @pytest.mark.parametrize("np_, mode", [(2, "caller"), (2, "thread"), (3, "caller")])
 def test_past_the_stall_shutdown_time_a_call_fails_instead_of_waiting(np_, mode):
     env = {"MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS": "2", "MCALLREDUCE_STALL_CHECK_TIME_SECONDS": "1"}

@@ -108,7 +108,6 @@ void start_drain(EngineObject *e, run_t *r) {
 void drain_completed(EngineObject *e, run_t *r, int32_t owner, int count, int cancelled, int error) {
     if (error != MPI_SUCCESS) {   /* a receive that failed may leave its peer's fence unread: give up */
         r->draining = 0;
-        r->abandoned = r->inflight > 0;
         fail_run(e, r, "a receive of a mismatched call's messages", error);
         return;
     }

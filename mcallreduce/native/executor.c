@@ -187,6 +187,8 @@ void finish(EngineObject *e, run_t *r, int status) {
     r->done = 1;
     r->status = status;
     r->t_done = now_s();
+    /* nothing will test a failed run's requests for it: it is reported now and kept while they are posted */
+    if (status != STATUS_OK) r->abandoned = r->inflight > 0;
     if (status == STATUS_OK) scale_buffer(r->dtype, r->buf, r->nelem, r->post);
     /* a failed run's requests may still be posted: the buffers under them stay with the run */
     if (r->scratch && (status == STATUS_OK || !r->inflight)) {
@@ -223,7 +225,6 @@ static void abandon(EngineObject *e, long long seq, const char *why) {
         run_t *r = e->runs[i];
         if (r->done || (seq >= 0 && r->seq < seq)) continue;
         snprintf(r->error, sizeof r->error, "%s", why);
-        r->abandoned = r->inflight > 0;
         finish(e, r, STATUS_ERROR);
     }
 }

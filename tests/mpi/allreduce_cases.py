@@ -475,6 +475,21 @@ def a_table_pick_of_mpi_runs_the_rules_schedule_where_a_rank_cannot_block():
 
 
 @case
+def counts_beyond_a_c_int_never_go_to_mpis_allreduce():
+    # MPI takes element counts as C ints: a table's MPI pick gives way to its "instead", and a
+    # forced MPI call is refused by name (no buffer is needed to plan one)
+    from mcallreduce.runtime import Context
+    n, f32 = (1 << 31) + 5, np.dtype(np.float32)
+    instead = {"algorithm": "ring", "segment_bytes": 1 << 26}
+    with tuning_table(tables=[{"size_bytes": 1 << 40, "algorithm": "mpi", "instead": instead}]):
+        assert Context.get().plan(config.current(), n - (1 << 31), f32, "sum", 1.0, 1.0).algorithm in ("mpi", "multicolor")
+        plan = Context.get().plan(config.current(), n, f32, "sum", 1.0, 1.0)
+        assert size == 1 or plan.algorithm == "ring", plan.algorithm
+    forced = config.current().with_overrides(algorithm="mpi")
+    assert "at most 2147483647 elements" in raises(ValueError, lambda: Context.get().plan(forced, n, f32, "sum", 1.0, 1.0))
+
+
+@case
 def a_tables_nonblocking_rows_decide_async_calls():
     # rows measured with nonblocking calls: an async call the table gives to MPI runs
     # MPI_Iallreduce, as it was timed; blocking calls keep the blocking rows
