@@ -62,15 +62,12 @@ class MpiLibProxy:
     def horovod_torch_poll(self, handle: int) -> int:
         if handle >= 0:
             return self._stock.horovod_torch_poll(handle)
-        routed = ROUTER.inflight.get(handle)
-        return 1 if routed is None or routed.test() else 0
+        return 1 if _routed(handle).test() else 0
 
     def horovod_torch_wait_and_clear(self, handle: int) -> None:
         if handle >= 0:
             return self._stock.horovod_torch_wait_and_clear(handle)
-        routed = ROUTER.inflight.get(handle)
-        if routed is None:
-            raise RuntimeError(f"mcallreduce: unknown handle {handle}")
+        routed = _routed(handle)
         try:
             routed.wait()
         finally:
@@ -177,3 +174,11 @@ class MpiLibProxy:
             ROUTER.track(handle, routed)
         state.counters["routed"] += 1
         return handle
+
+
+def _routed(handle: int):
+    """The routed call under ``handle``, or stock's error for a handle that is not (or no longer) one."""
+    routed = ROUTER.inflight.get(handle)
+    if routed is None:
+        raise ValueError(f"Handle {handle} was not created or has been cleared.")
+    return routed

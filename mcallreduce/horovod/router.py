@@ -27,17 +27,37 @@ class Routed:
 
     def __init__(self, name: str, check, parts: Sequence, unpack=None):
         self.name, self.check, self.parts, self.unpack = name, check, list(parts), unpack
+        self._settled, self._error = False, None
 
     def test(self) -> bool:
-        try:
-            return all(h.test() for h in [self.check] + self.parts)
-        except Exception:
-            return True      # finished with an error: synchronize() raises it
+        """Whether every part is done. Once they are, the result is in the user's tensors, as
+        stock's poll promises, or the error is kept for :meth:`wait`."""
+        if not self._settled:
+            try:
+                if not all(h.test() for h in [self.check] + self.parts):
+                    return False
+            except Exception:   # noqa: BLE001  (finished with an error: wait() raises it)
+                pass
+            self._settle()
+        return True
 
     def wait(self) -> None:
         """Wait for every part (so the ranks stay in step), then raise the first error.
 
         Results reach the user's tensors (``unpack``) only when everything passed."""
+        if not self._settled:
+            self._settle()
+        if self._error is not None:
+            raise self._error
+
+    def _settle(self) -> None:
+        try:
+            self._finish()
+        except Exception as exc:   # noqa: BLE001  (raised by wait(), as Horovod's synchronize does)
+            self._error = exc
+        self._settled = True
+
+    def _finish(self) -> None:
         error: Optional[BaseException] = None
         for h in [self.check] + self.parts:
             try:
@@ -84,8 +104,9 @@ class Router:
         self._next = 0
 
     def new_handle(self) -> int:
-        self._next -= 1
-        return self._next
+        with self.lock:   # hvd.join() takes one from the main thread beside other threads' calls
+            self._next -= 1
+            return self._next
 
     def start(self, name: str, buffers: Sequence, op: str, prescale: float, postscale: float,
               shapes: str, outs: Optional[Sequence] = None, unpack=None, named: bool = True) -> Routed:

@@ -7,7 +7,8 @@ from _horovod import OFF, ON, explain, mpi_job, needs_horovod
 pytestmark = needs_horovod
 
 ERROR_CASES = ("duplicate_name_error", "shape_mismatch_error", "same_count_other_shape_error",
-               "inplace_other_shape_unchanged", "dtype_mismatch_error", "optimizer_zero_grad_before_step_error")
+               "inplace_other_shape_unchanged", "dtype_mismatch_error", "optimizer_zero_grad_before_step_error",
+               "poll_of_a_cleared_handle_error")
 
 
 def conformance(np_, env, path):

@@ -93,6 +93,29 @@ def _():
     return torch.cat([o.reshape(-1) for o in outs])
 
 
+@case("inplace_result_there_once_polled_done")
+def _():
+    # read before synchronize(): poll() saying done promises the result is in the tensors
+    t = data((300,), torch.float32, 40)
+    group = [data((6,), torch.int64, 41), data((2, 3), torch.float64, 42)]
+    handles = [hvd.allreduce_async_(t, op=hvd.Sum, name="polled.inplace"),
+               hvd.grouped_allreduce_async_(group, op=hvd.Sum, name="polled.grouped")]
+    while not all(hvd.poll(h) for h in handles):
+        pass
+    seen = torch.cat([t.clone()] + [g.reshape(-1).double().clone() for g in group])
+    for h in handles:
+        hvd.synchronize(h)
+    return seen
+
+
+@case("poll_of_a_cleared_handle_error")
+def _():
+    h = hvd.allreduce_async(data((10,), torch.float32, 43), name="cleared")
+    hvd.synchronize(h)
+    hvd.poll(h)
+    return "no error"
+
+
 @case("grouped")
 def _():
     ts = [data((5, 3), torch.float32, 20), data((7,), torch.float32, 21), data((2, 2), torch.float64, 22)]
