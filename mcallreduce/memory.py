@@ -83,6 +83,11 @@ class SharedWindow:
     def address(self) -> int:
         return self.mem.ctypes.data
 
+    def leave_to_finalize(self) -> None:
+        """Not freed at exit (collective) but by MPI_Finalize, for a rank that may leave alone:
+        its peers meet it there, whatever they are doing until they exit."""
+        atexit.unregister(self.free)
+
     def free(self) -> None:
         if self.win is not None and not MPI.Is_finalized():
             self.win.Unlock_all()

@@ -14,6 +14,7 @@ import sys
 import warnings
 
 from .. import config, policy
+from ..launch import launched_by_mpirun
 from . import state, timeline
 from .bucketing import make_distributed_optimizer
 from .router import ROUTER
@@ -36,6 +37,7 @@ def patch_horovod_torch(hvd, route_all: bool = True) -> None:
 
     @functools.wraps(stock_init)
     def init(*args, **kwargs):
+        state.mpi_outlives_horovod = _initialize_mpi_first()
         stock_init(*args, **kwargs)
         _activate(hvd, kwargs.get("comm", args[0] if args else None))
 
@@ -62,6 +64,24 @@ def multicolor_op() -> int:
     if first and hvd.is_initialized() and not ROUTER.active:
         _activate(hvd, None)
     return state.MULTICOLOR_OP
+
+
+def _initialize_mpi_first() -> bool:
+    """Initialise MPI through mpi4py before Horovod can, wherever the plugin may run, and say
+    whether mpi4py owns it. Horovod then never finalizes MPI (it finalizes only an MPI it
+    initialised); mpi4py does at exit, after every thread is done. Otherwise one rank's Horovod
+    shutdown makes every rank's Horovod thread finalize MPI, and the ranks must meet before it,
+    which a rank inside a stock Horovod call never does (docs/horovod.md)."""
+    if "mpi4py.MPI" not in sys.modules:
+        threads_disabled = os.environ.get("HOROVOD_MPI_THREADS_DISABLE", "0").strip()
+        gloo = (os.environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo"
+                or "HOROVOD_GLOO_RENDEZVOUS_ADDR" in os.environ)
+        if (not launched_by_mpirun() or gloo or os.environ.get("HOROVOD_ELASTIC") == "1"
+                or (threads_disabled.isdigit() and int(threads_disabled) > 0)):
+            return False   # stock Horovod's own MPI start-up (the plugin declines or explains why)
+        from mpi4py import MPI   # noqa: F401  (initialises MPI, MPI_THREAD_MULTIPLE)
+    mpi = sys.modules["mpi4py.MPI"]
+    return bool(mpi.Is_initialized() and not mpi.Is_finalized())
 
 
 def _decline(feature: str) -> None:
@@ -117,9 +137,11 @@ def _activate(hvd, comm_arg) -> None:
 
 
 def _stop_progress() -> None:
-    """Stop routing and the engine's progress thread on every rank, then let Horovod shut down.
+    """Stop routing and the engine's progress thread, then let Horovod shut down.
 
-    Horovod's shutdown on one rank makes every rank's Horovod thread finalize MPI, whatever
+    Where mpi4py owns MPI (:func:`_initialize_mpi_first`) this is all local: MPI outlives
+    Horovod's thread, and MPI_Finalize frees the one-host window at exit. Where Horovod owns
+    it, one rank's Horovod shutdown makes every rank's Horovod thread finalize MPI, whatever
     else that process is doing, and MPI must not be finalized under a running progress
     thread, an open shared-memory window or a call of ours still returning: so every rank
     stops both, then the ranks meet in Horovod's own barrier, which Horovod's thread runs
@@ -135,6 +157,10 @@ def _stop_progress() -> None:
     # stops the progress thread and says goodbye: a peer still waiting on a routed call that
     # this rank never started fails (HorovodInternalError) instead of waiting forever
     ctx.close()
+    if state.mpi_outlives_horovod:
+        if ctx.shared is not None:
+            ctx.shared.leave_to_finalize()
+        return
     # before the barrier: MPI_Finalize frees a window still open with a barrier that a rank
     # which already exited never joins
     ctx.release_shared()   # collective: every rank is here

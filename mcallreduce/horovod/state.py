@@ -21,6 +21,8 @@ MULTICOLOR_OP = 1 << 20
 #: "fallback" calls handed to stock Horovod, "served_joined" allreduces of other ranks this
 #: rank contributed zeros to from inside hvd.join()
 counters: collections.Counter = collections.Counter()
+#: whether MPI was initialised by mpi4py before Horovod started, so that Horovod never finalizes it
+mpi_outlives_horovod = False
 _warned: set = set()
 _local = threading.local()
 

@@ -1,6 +1,7 @@
 """Training equivalence and plugin-only behaviour under mpirun."""
 import re
 
+import pytest
 import torch
 
 from _horovod import OFF, ON, explain, mpi_job, needs_horovod
@@ -34,3 +35,13 @@ def test_plugin_only_behaviour():
     checks = dict(re.findall(r"^CHECK (\S+) (.*)$", result.stdout, re.M))
     assert result.returncode == 0 and len(checks) == 7, explain(result)
     assert all(v == "ok" for v in checks.values()), checks
+
+
+@pytest.mark.parametrize("np_, how", [(2, "raise"), (2, "shutdown"), (3, "raise")])
+def test_a_rank_that_leaves_on_an_error_makes_the_others_raise_as_stock_does(np_, how):
+    # the others are in a stock allgather, which the plugin's goodbye does not reach: what ends
+    # their wait is Horovod's own shutdown, which the leaving rank must reach without them
+    result = mpi_job(np_, "rank_leaves_in_error.py", how, env=ON, timeout=90)
+    raised = [ln for ln in result.stdout.splitlines() if "raised HorovodInternalError" in ln]
+    assert len(raised) == np_ - 1, explain(result)
+    assert f"rank {np_ - 1} leaves on an error" in result.stderr, explain(result)
