@@ -42,6 +42,7 @@ class ThreadedLoader:
         self._pool: Optional[ThreadPoolExecutor] = None
         self._batches_done = 0
         self._consumed_base = 0
+        self._counted_epoch = None   # the sampler's epoch that the two counters above describe
 
     def __len__(self) -> int:
         n = len(self.sampler)
@@ -65,6 +66,7 @@ class ThreadedLoader:
         batches = self._batches()
         self._consumed_base = getattr(self.sampler, "_start", 0)   # a resumed sampler starts mid-epoch
         self._batches_done = 0
+        self._counted_epoch = getattr(self.sampler, "epoch", None)
         for batch in batches:
             pending.append([self._pool.submit(get, i) for i in batch])
             if len(pending) > self.prefetch:
@@ -83,11 +85,14 @@ class ThreadedLoader:
         """The sampler's state at the batches handed out so far (not those prefetched)."""
         if not hasattr(self.sampler, "state_dict"):
             raise TypeError(f"{type(self.sampler).__name__} has no state_dict: use InMemoryDistributedSampler")
+        if self._counted_epoch is None or self._counted_epoch != getattr(self.sampler, "epoch", None):
+            return self.sampler.state_dict()   # not iterated since a resume or set_epoch: the sampler's own
         consumed = min(self._consumed_base + self._batches_done * self.batch_size, len(self.sampler))
         return self.sampler.state_dict(consumed=consumed)
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.load_state_dict(state)
+        self._counted_epoch = None
 
     def close(self) -> None:
         if self._pool is not None:

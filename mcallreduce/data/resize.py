@@ -5,6 +5,7 @@ several times faster than Pillow's own scalar code), else Pillow; OpenCV is opt-
 """
 from __future__ import annotations
 
+import threading
 from typing import Optional, Tuple
 
 import numpy as np
@@ -15,6 +16,7 @@ from .crop_boxes import Box
 
 RESIZERS = ("torch", "pil", "cv2")
 _torch_aa = None     # torch's uint8 antialiased bilinear resize, once probed
+_probe_lock = threading.Lock()
 
 
 def _torch_resize_op():
@@ -29,19 +31,26 @@ def _torch_resize_op():
     """
     global _torch_aa
     if _torch_aa is None:
-        _torch_aa = False
-        try:
-            capability = torch.backends.cpu.get_cpu_capability()
-            op = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
-            if capability in ("AVX2", "AVX512") and op is not None:
-                probe = np.arange(16 * 20 * 3, dtype=np.uint8).reshape(16, 20, 3)
-                got = op(torch.from_numpy(probe).permute(2, 0, 1).unsqueeze(0), [7, 9], False, None)
-                want = np.asarray(Image.fromarray(probe).resize((9, 7), Image.BILINEAR)).transpose(2, 0, 1)
-                if got.dtype == torch.uint8 and np.abs(got[0].numpy().astype(int) - want).max() <= 1:
-                    _torch_aa = op
-        except Exception:   # old torch, no uint8 kernel, ...: Pillow does the resize
-            _torch_aa = False
+        with _probe_lock:   # decode threads may ask at once: they wait for one probe's answer
+            if _torch_aa is None:
+                _torch_aa = _probe_torch_resize()
     return _torch_aa or None
+
+
+def _probe_torch_resize():
+    """The kernel, where it matches Pillow's filter on a probe image; else False."""
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+        op = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
+        if capability in ("AVX2", "AVX512") and op is not None:
+            probe = np.arange(16 * 20 * 3, dtype=np.uint8).reshape(16, 20, 3)
+            got = op(torch.from_numpy(probe).permute(2, 0, 1).unsqueeze(0), [7, 9], False, None)
+            want = np.asarray(Image.fromarray(probe).resize((9, 7), Image.BILINEAR)).transpose(2, 0, 1)
+            if got.dtype == torch.uint8 and np.abs(got[0].numpy().astype(int) - want).max() <= 1:
+                return op
+    except Exception:   # old torch, no uint8 kernel, ...: Pillow does the resize
+        pass
+    return False
 
 
 def _cv2():

@@ -36,8 +36,8 @@ class ResumableSampler(Sampler):
         self._yielded = 0
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self._start = 0
+        if epoch != self.epoch:   # a new epoch: nothing of it handed out yet
+            self._start = self._yielded = 0
         self.epoch = int(epoch)
         self.sampler.set_epoch(self.epoch)
         dataset_set_epoch = getattr(getattr(self.sampler, "dataset", None), "set_epoch", None)

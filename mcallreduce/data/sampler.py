@@ -46,15 +46,16 @@ class InMemoryDistributedSampler(Sampler[int]):
         from .store import ImageStore
         self.store = dataset if isinstance(dataset, ImageStore) else getattr(dataset, "store", None)
         self._dataset_epoch = getattr(dataset, "set_epoch", None)   # seeded transforms key on the epoch
-        explicit = num_replicas is not None or rank is not None
-        if self.store is not None and (self.store.world.comm is not None or not explicit):
+        # a store opened without MPI holds everything: the world is then the caller's or
+        # torch.distributed's, not the store's one rank
+        if self.store is not None and self.store.world.comm is not None:
             self.layout = self.store.layout
-            if explicit and (num_replicas, rank) != (self.layout.num_replicas, self.layout.rank):
+            if (num_replicas not in (None, self.layout.num_replicas)) or (rank not in (None, self.layout.rank)):
                 raise ValueError(f"num_replicas={num_replicas}, rank={rank} differ from the store's world "
                                  f"({self.layout.num_replicas} ranks, this is rank {self.layout.rank})")
             self.owner = self.store.owner
         else:
-            # No store, or a store opened without MPI (it holds everything): the caller states the world.
+            # No store, or a store opened without MPI: the caller states the world, or torch.distributed.
             self.layout = world_mod.current(num_replicas, rank, ranks_per_host).layout
             labels = self.store.labels if self.store is not None else \
                 np.asarray(getattr(dataset, "targets", np.zeros(len(dataset), np.int32)))
@@ -134,14 +135,15 @@ class InMemoryDistributedSampler(Sampler[int]):
     # --- epochs and iteration -----------------------------------------------------------
     @property
     def needs_exchange(self) -> bool:
+        # global mode strides over the whole set, shuffled or not; partial moves samples only shuffled
         return (self.store is not None and not self.store.host_holds_all.all()
-                and self.shuffle and (self.shuffle_mode == "global" or
-                                      (self.shuffle_mode == "partial" and self.exchange_fraction > 0)))
+                and (self.shuffle_mode == "global" or
+                     (self.shuffle_mode == "partial" and self.shuffle and self.exchange_fraction > 0)))
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (collective when samples must move: call it on every rank)."""
-        if epoch != self.epoch:
-            self._start = 0
+        if epoch != self.epoch:   # a new epoch: nothing of it handed out yet
+            self._start = self._yielded = 0
         self.epoch = epoch
         self._prepare()
 
@@ -172,7 +174,11 @@ class InMemoryDistributedSampler(Sampler[int]):
         return {"epoch": self.epoch, "consumed": self._yielded if consumed is None else int(consumed),
                 "seed": self.seed, "num_replicas": self.num_replicas, "shuffle": self.shuffle,
                 "shuffle_mode": self.shuffle_mode, "exchange_fraction": self.exchange_fraction,
-                "drop_last": self.drop_last, "dataset_size": self.dataset_size}
+                "drop_last": self.drop_last, "dataset_size": self.dataset_size, "hosts": self._hosts()}
+
+    def _hosts(self) -> Optional[list]:
+        """The host of every rank where the order depends on it (local and partial modes)."""
+        return None if self.shuffle_mode == "global" else list(self.layout.host_of_rank)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next iteration yields exactly what the saved one had left."""
@@ -180,6 +186,9 @@ class InMemoryDistributedSampler(Sampler[int]):
                     "dataset_size"):
             if state[key] != getattr(self, key):
                 raise ValueError(f"cannot resume: saved {key}={state[key]!r}, this sampler has {getattr(self, key)!r}")
+        if state.get("hosts") is not None and state["hosts"] != self._hosts():   # absent: saved before it was kept
+            raise ValueError(f"cannot resume: the saved order put ranks on hosts {state['hosts']}, this job has "
+                             f"{self._hosts()}; the {self.shuffle_mode} order depends on it")
         self.epoch = int(state["epoch"])
         self._start = int(state["consumed"])
         self._yielded = self._start

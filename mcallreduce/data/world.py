@@ -146,10 +146,17 @@ def current(num_replicas: Optional[int] = None, rank: Optional[int] = None,
     ranks_per_host = ranks_per_host or settings.ranks_per_host()
     MPI = mpi() if num_replicas is None or rank is None else None
     if MPI is None:
-        if num_replicas is None or rank is None:
-            num_replicas, rank = _torch_world()
+        if num_replicas is None or rank is None:   # the missing one from the world, as DistributedSampler
+            size, me = _torch_world()
+            num_replicas, rank = (size if num_replicas is None else num_replicas), (me if rank is None else rank)
             ranks_per_host = ranks_per_host or int(os.environ.get("LOCAL_WORLD_SIZE") or 0) or None
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
         return World(Layout.uniform(num_replicas, rank, ranks_per_host))
     comm = MPI.COMM_WORLD
+    if (num_replicas, rank) != (None, None) and (num_replicas or comm.size, comm.rank if rank is None else rank) \
+            != (comm.size, comm.rank):
+        raise ValueError(f"num_replicas={num_replicas}, rank={rank} differ from MPI's world "
+                         f"({comm.size} ranks, this is rank {comm.rank}); pass both to state another world")
     node = hostlayout.host_comm(comm, ranks_per_host)
     return World(Layout(hostlayout.host_of_rank(comm, node), comm.rank), comm, node)

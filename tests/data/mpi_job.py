@@ -162,6 +162,12 @@ def validate(path):
         visited = [i for r in rows for i in r["order"]]
         expect(set(visited) == set(range(n)), f"{n - len(set(visited))} samples visited by no rank")
         expect(len(visited) - n < comm.size, f"{len(visited) - n} samples visited twice")
+    # the global mode unshuffled is DistributedSampler's order: it brings the other host's samples too
+    order = list(InMemoryDistributedSampler(dataset, shuffle=False, shuffle_mode="global"))
+    ref = DistributedSampler(range(n), num_replicas=comm.size, rank=comm.rank, shuffle=False)
+    expect(order == list(ref), "an unshuffled global order is not DistributedSampler's")
+    for i in order:
+        dataset[i]
 
 
 if __name__ == "__main__":

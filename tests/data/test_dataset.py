@@ -183,6 +183,22 @@ def test_crop_resize_matches_a_reference_antialiased_resize(store):
         assert resizer_name() == "torch"
 
 
+def test_every_decode_thread_asking_for_the_resizer_at_once_gets_the_probes_answer(monkeypatch):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    import mcallreduce.data.resize as resize
+    want = resize._torch_resize_op()
+    for _ in range(20):
+        monkeypatch.setattr(resize, "_torch_aa", None)   # a fresh process: not probed yet
+        start = threading.Barrier(4)
+
+        def ask(_):
+            start.wait()
+            return resize._torch_resize_op()
+        with ThreadPoolExecutor(4) as pool:
+            assert all(got is want for got in pool.map(ask, range(4)))
+
+
 def test_torch_resize_stays_in_the_calling_thread():
     """The decode threads call torch's resize at once: it must not enter torch's intra-op pool
     (an OpenMP team per calling thread oversubscribes the cores)."""
@@ -373,6 +389,15 @@ def test_a_torchrun_launch_without_init_process_group_is_told_so(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(RuntimeError, match="init_process_group"):
         InMemoryDistributedSampler(range(10))
+
+
+def test_a_store_opened_without_mpi_does_not_make_a_torchrun_world_one_rank(store, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        InMemoryDistributedSampler(store)
+    half = InMemoryDistributedSampler(store, num_replicas=2, rank=1)
+    assert len(half) == -(-len(store) // 2)
 
 
 def test_under_torchrun_the_sampler_takes_torch_distributeds_world():

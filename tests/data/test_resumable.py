@@ -79,3 +79,49 @@ def test_a_different_configuration_or_an_unreplayable_sampler_is_refused():
         sampler(seed=1, num_replicas=2).load_state_dict(state)
     with pytest.raises(TypeError, match="set_epoch"):
         ResumableSampler(SequentialSampler(range(10)))
+
+
+def test_a_state_saved_after_set_epoch_resumes_at_that_epochs_start():
+    first = sampler()
+    first.set_epoch(0)
+    list(first)
+    first.set_epoch(1)
+    state = first.state_dict()
+    assert (state["epoch"], state["consumed"]) == (1, 0)
+    resumed = sampler()
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)
+    assert list(resumed) == list(first)
+
+
+class Indices:
+    """Forty samples in four classes; an item is its index."""
+    targets = [i % 4 for i in range(40)]
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, index):
+        return index
+
+
+def test_the_threaded_loader_saves_the_samplers_own_position_before_its_first_batch():
+    from mcallreduce.data.loader import ThreadedLoader
+    from mcallreduce.data.sampler import InMemoryDistributedSampler
+
+    def loader():
+        return ThreadedLoader(Indices(), batch_size=4, num_threads=2,
+                              sampler=InMemoryDistributedSampler(Indices(), num_replicas=2, rank=0))
+    first = loader()
+    first.sampler.set_epoch(3)
+    it = iter(first)
+    next(it), next(it)
+    state = first.state_dict()
+    assert (state["epoch"], state["consumed"]) == (3, 8)
+    first.sampler.set_epoch(4)           # a checkpoint after the next set_epoch: that epoch's start
+    assert (first.state_dict()["epoch"], first.state_dict()["consumed"]) == (4, 0)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    resumed.sampler.set_epoch(3)         # saved again before its first batch: the same position
+    assert resumed.state_dict()["consumed"] == 8
+    first.close(), resumed.close()

@@ -138,3 +138,45 @@ def test_no_shuffle_is_sequential_within_hosts():
     assert orders == [list(range(0, 20, 2)), list(range(1, 20, 2))]
     with pytest.raises(ValueError):
         InMemoryDistributedSampler(dataset, num_replicas=2, rank=0, shuffle_mode="random")
+
+
+@pytest.mark.parametrize("mode,q", MODES)
+def test_a_state_saved_after_set_epoch_resumes_at_that_epochs_start(mode, q):
+    # the loop that checkpoints after set_epoch(next) and before its first batch
+    dataset = Labelled(60)
+    kw = dict(num_replicas=2, rank=0, seed=5, shuffle_mode=mode, exchange_fraction=q)
+    first = InMemoryDistributedSampler(dataset, **kw)
+    first.set_epoch(0)
+    list(first)
+    first.set_epoch(1)
+    state = first.state_dict()
+    assert (state["epoch"], state["consumed"]) == (1, 0)
+    resumed = InMemoryDistributedSampler(dataset, **kw)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(1)
+    assert list(resumed) == list(first)
+
+
+def test_resume_refuses_another_host_layout_where_the_order_depends_on_it():
+    dataset = Labelled(40)
+    for mode in ("local", "partial"):
+        state = InMemoryDistributedSampler(dataset, num_replicas=4, rank=0, ranks_per_host=2,
+                                           shuffle_mode=mode, exchange_fraction=0.3).state_dict()
+        other = InMemoryDistributedSampler(dataset, num_replicas=4, rank=0, ranks_per_host=4,
+                                           shuffle_mode=mode, exchange_fraction=0.3)
+        with pytest.raises(ValueError, match="hosts"):
+            other.load_state_dict(state)
+    # the global order is DistributedSampler's, whatever the hosts
+    state = InMemoryDistributedSampler(dataset, num_replicas=4, rank=0, ranks_per_host=2,
+                                       shuffle_mode="global").state_dict()
+    InMemoryDistributedSampler(dataset, num_replicas=4, rank=0, ranks_per_host=4,
+                               shuffle_mode="global").load_state_dict(state)
+
+
+def test_one_of_num_replicas_and_rank_takes_the_other_from_the_world():
+    # as DistributedSampler: here the world is one process, so rank 0 and a world of 1
+    dataset = Labelled(40)
+    four = InMemoryDistributedSampler(dataset, num_replicas=4)
+    assert (four.num_replicas, four.rank, len(four)) == (4, 0, 10)
+    with pytest.raises(ValueError, match="Invalid rank 3"):
+        InMemoryDistributedSampler(dataset, rank=3)
