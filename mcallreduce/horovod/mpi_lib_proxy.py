@@ -98,7 +98,7 @@ class MpiLibProxy:
             # uneven work (hvd.join), so the metadata check leaves these names out: unnamed
             # tensors are matched by position only.
             name = f"allreduce.noname.{-handle}"
-        if name in ROUTER.names:
+        if ROUTER.in_progress(name):
             raise ValueError("Requested to allreduce a tensor with the same name as another tensor that "
                              f"is currently being processed ({name!r}). If you want to request another "
                              "tensor, use a different tensor name.")

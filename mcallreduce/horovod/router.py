@@ -100,7 +100,7 @@ class Router:
         self.lock = threading.RLock()   # a metadata check and its data start back to back
         self.inflight: Dict[int, Routed] = {}
         self.timeline = None       # a horovod.timeline.Timeline when one is asked for
-        self.names: set = set()    # in flight: Horovod refuses a second tensor of the same name
+        self.names: Dict[str, int] = {}   # name -> its latest handle: Horovod refuses a second one in flight
         self._next = 0
 
     def new_handle(self) -> int:
@@ -131,14 +131,21 @@ class Router:
         return Routed(name, check, parts, unpack)
 
     def track(self, handle: int, routed: Routed) -> None:
-        """Keep ``routed`` under ``handle`` (its name taken) until :meth:`clear`."""
+        """Keep ``routed`` under ``handle`` (its name taken while it runs) until :meth:`clear`."""
         self.inflight[handle] = routed
-        self.names.add(routed.name)
+        self.names[routed.name] = handle
 
     def clear(self, handle: int, routed) -> None:
         with self.lock:
             self.inflight.pop(handle, None)
-            self.names.discard(routed.name)
+            if self.names.get(routed.name) == handle:
+                del self.names[routed.name]
+
+    def in_progress(self, name: str) -> bool:
+        """Whether a call of this name is still running (one that finished frees its name, as in Horovod,
+        synchronized or not)."""
+        handle = self.names.get(name)
+        return handle is not None and handle in self.inflight and not self.inflight[handle].test()
 
 
 ROUTER = Router()

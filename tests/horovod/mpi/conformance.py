@@ -155,6 +155,16 @@ def _():
         hvd.synchronize(a)
 
 
+@case("name_free_once_its_call_is_done")
+def _():
+    # Horovod frees a name when its call completes, synchronized or not
+    a = hvd.allreduce_async(data((10,), torch.float32, 44), name="reused", op=hvd.Sum)
+    while not hvd.poll(a):
+        pass
+    b = hvd.allreduce_async(data((10,), torch.float32, 45), name="reused", op=hvd.Sum)
+    return torch.cat([hvd.synchronize(a), hvd.synchronize(b)])
+
+
 @case("shape_mismatch_error")
 def _():
     return hvd.allreduce(torch.ones(10 + rank), name="mismatch.count")
