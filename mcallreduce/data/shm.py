@@ -6,7 +6,8 @@ The host's first rank creates a file in /dev/shm and reserves its pages
 SIGBUS on first touch); the other ranks of the host open and map it; then,
 once all have mapped it, the name is unlinked. From then on the memory belongs
 to the open mappings alone: the kernel frees it when the last process using it
-exits, however it exits (exception, signal, SIGKILL). Nothing is registered
+exits, however it exits (exception, signal, SIGKILL); before that, SIGTERM unlinks the
+name first (only SIGKILL in that moment leaves the file). Nothing is registered
 with multiprocessing's resource_tracker, so its at-exit unlinking and "leaked
 shared_memory" warnings (bpo-39959; ``track=False`` arrived only in 3.13) do not
 apply.
@@ -17,15 +18,46 @@ the rank that still holds the descriptor, which reaches the unlinked file.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
 import secrets
+import signal
+import threading
 from typing import Optional
 
 import numpy as np
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def _new_path(tag: str) -> str:
+    import tempfile
+    directory = SHM_DIR or tempfile.gettempdir()
+    return os.path.join(directory, f"mcallreduce-data-{tag}-{os.getpid()}-{secrets.token_hex(6)}")
+
+
+class _unlinked_on_sigterm:
+    """While the segment has a name (until every rank of the host mapped it), SIGTERM, which
+    mpirun sends to end a job, unlinks it before the previous handling runs. Its Python
+    handler runs only between bytecodes, so the host's barrier waits in naps (world.py)."""
+
+    def __init__(self, path: str):
+        self.path, self.previous = path, None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        self.restore()
+        signal.raise_signal(signum)
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+            self.previous = None
 
 
 class SharedSegment:
@@ -37,10 +69,12 @@ class SharedSegment:
         self.name: Optional[str] = None
         path, error = None, None
         leader = world is None or world.is_leader
+        named = _unlinked_on_sigterm(_new_path(tag)) if leader else None
         if leader:
             try:
-                path = self._create(tag)
+                path = self._create(named.path)
             except OSError as exc:
+                named.restore()
                 error = (f"cannot reserve {self.size:,} bytes of shared memory in {SHM_DIR or 'the temp dir'} "
                          f"({exc.strerror}); free space there is limited by its size "
                          f"(in Docker, run with --shm-size=...)")
@@ -58,6 +92,7 @@ class SharedSegment:
                 world.host_barrier()
             if leader:
                 os.unlink(path)
+                named.restore()
         self.owner_pid = os.getpid()
 
     @classmethod
@@ -72,10 +107,7 @@ class SharedSegment:
         """(pid, fd): how another process of this host reaches the segment, while this one holds it."""
         return self.owner_pid, self.fd
 
-    def _create(self, tag: str) -> str:
-        import tempfile
-        directory = SHM_DIR or tempfile.gettempdir()
-        path = os.path.join(directory, f"mcallreduce-data-{tag}-{os.getpid()}-{secrets.token_hex(6)}")
+    def _create(self, path: str) -> str:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             if self.size:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
@@ -102,8 +103,12 @@ class World:
         return self.host_comm.bcast(value, root=0) if self.host_comm is not None else value
 
     def host_barrier(self) -> None:
+        """Wait for the host's ranks in short naps, outside MPI, so that a signal's Python
+        handler can run meanwhile (shm.py)."""
         if self.host_comm is not None:
-            self.host_comm.Barrier()
+            request = self.host_comm.Ibarrier()
+            while not request.Test():
+                time.sleep(0.001)
 
     def host_any(self, flag: bool) -> bool:
         """True on every local rank when ``flag`` is true on any (a collective over the host)."""

@@ -3,6 +3,8 @@ host, no shared memory left behind, the memory budget, a damaged file, and the c
 (also read by persistent DataLoader workers)."""
 import glob
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +69,29 @@ def test_persistent_workers_read_each_epochs_exchanged_samples(packed, context):
     passed(run_job(2, PERSISTENT_JOB, packed[0], context, timeout=150, abort_on_exception=True,
                    env={"MCALLREDUCE_DATA_PROGRESS": "0", "MCALLREDUCE_RANKS_PER_HOST": "1"}))
     assert our_segments() <= before
+
+
+def test_a_job_ended_while_a_segment_still_has_its_name_leaves_no_file(tmp_path):
+    # mpirun ends a job with SIGTERM; the leader may then be waiting for its host's ranks to
+    # map the segment, the one moment its file has a name
+    import signal
+    import subprocess
+    import time
+    from mcallreduce.launch import mpirun_command
+    before = our_segments()
+    cmd = mpirun_command(2, [sys.executable, str(Path(__file__).parent / "segment_sigterm_job.py")],
+                         env={"PYTHONPATH": str(Path(__file__).parents[2]), "MCALLREDUCE_RANKS_PER_HOST": "2"})
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (our_segments() - before) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert our_segments() - before, "the leader never created its segment"
+        time.sleep(0.5)   # inside the host's barrier
+        job.send_signal(signal.SIGTERM)
+        out, _ = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode != 0, out
+    assert not (our_segments() - before), out
+
