@@ -7,7 +7,8 @@ labels and the layout, so every rank computes the same plan and knows what it
 sends to whom and what it receives from whom. A sample held by host h is sent
 by rank ``ranks_of(h)[id % ranks_on_h]``, spreading the sending over h's ranks.
 MPI-3 counts are 32-bit, so the exchange runs in rounds of at most
-MCALLREDUCE_DATA_EXCHANGE_ROUND_BYTES per rank (samples go to round id % rounds).
+MCALLREDUCE_DATA_EXCHANGE_ROUND_BYTES per rank (samples go to round id % rounds, with rounds
+added until no round is over the bound).
 """
 from __future__ import annotations
 
@@ -51,10 +52,24 @@ def make_plan(store: ImageStore, assignment: np.ndarray, round_bytes: int) -> Pl
         table[h, :ranks_per_host[h]] = layout.ranks_of(h)
     sender = table[src_host, ids % ranks_per_host[src_host]]
     sizes = store.offsets[ids + 1] - store.offsets[ids]
-    busiest = max(np.bincount(sender, sizes, world_size).max(initial=0),
-                  np.bincount(dest, sizes, world_size).max(initial=0))
-    rounds = max(1, int(np.ceil(busiest / round_bytes)))
-    return Plan(ids, dest, sender, sizes, rounds)
+    return Plan(ids, dest, sender, sizes, count_rounds(ids, sender, dest, sizes, world_size, round_bytes))
+
+
+def busiest_round(ids, sender, dest, sizes, world_size: int, rounds: int) -> int:
+    """The most bytes one rank sends or receives in one round, samples dealt to round id % rounds."""
+    k = ids % rounds
+    return int(max(np.bincount(sender * rounds + k, sizes, world_size * rounds).max(initial=0),
+                   np.bincount(dest * rounds + k, sizes, world_size * rounds).max(initial=0)))
+
+
+def count_rounds(ids, sender, dest, sizes, world_size: int, round_bytes: int) -> int:
+    """Enough rounds that no rank sends or receives more than ``round_bytes`` in one (where no
+    single sample is larger): dealing by id bounds a round only on average, so add rounds until
+    the busiest is under the bound."""
+    rounds = max(1, int(np.ceil(busiest_round(ids, sender, dest, sizes, world_size, 1) / round_bytes)))
+    while rounds < len(ids) and busiest_round(ids, sender, dest, sizes, world_size, rounds) > round_bytes:
+        rounds = min(len(ids), rounds + max(1, rounds // 4))
+    return rounds
 
 
 def exchange_epoch(store: ImageStore, assignment: np.ndarray) -> Plan:
@@ -76,9 +91,13 @@ def exchange_epoch(store: ImageStore, assignment: np.ndarray) -> Plan:
     recv = recv[np.lexsort((plan.ids[recv], plan.sender[recv], rounds[recv]))]
     error, segment = None, None
     try:
-        incoming = plan.sizes[host_of_rank[plan.dest] == store.layout.host].sum()
-        check_memory_budget(int(incoming), f"this epoch's exchange (samples held by other hosts, for host "
-                            f"{store.layout.host}'s ranks)",
+        on_host = host_of_rank == store.layout.host
+        incoming = plan.sizes[on_host[plan.dest]].sum()
+        # and each of the host's ranks holds one round of what it sends at a time, outside the cache
+        per_round = np.bincount(plan.sender * plan.rounds + rounds, plan.sizes, len(host_of_rank) * plan.rounds)
+        sending = per_round.reshape(len(host_of_rank), plan.rounds)[on_host].max(axis=1).sum()
+        check_memory_budget(int(incoming + sending), f"this epoch's exchange (samples held by other hosts, for "
+                            f"host {store.layout.host}'s ranks, and their send buffers)",
                             "Use shuffle_mode='local' or a smaller exchange fraction, or more hosts.")
         segment, cache_ids, cache_positions, cache = store.new_epoch_cache(len(recv), int(plan.sizes[recv].sum()))
     except MemoryError as exc:   # the budget, or no room left in /dev/shm: every rank raises

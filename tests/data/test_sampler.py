@@ -180,3 +180,18 @@ def test_one_of_num_replicas_and_rank_takes_the_other_from_the_world():
     assert (four.num_replicas, four.rank, len(four)) == (4, 0, 10)
     with pytest.raises(ValueError, match="Invalid rank 3"):
         InMemoryDistributedSampler(dataset, rank=3)
+
+
+def test_exchange_rounds_keep_every_rank_under_the_round_bound():
+    # ids dealt to rounds by id % rounds: a skewed set (large samples on even ids) overfills a round
+    # at the average's count of rounds, so rounds are added until none is over
+    from mcallreduce.data.exchange import busiest_round, count_rounds
+    rng = np.random.default_rng(0)
+    ids = np.arange(400)
+    sizes = np.where(ids % 2 == 0, 1000, 10) + rng.integers(0, 5, ids.size)
+    sender, dest = ids % 2, 2 + ids % 3
+    bound = 22_000
+    rounds = count_rounds(ids, sender, dest, sizes, 5, bound)
+    assert busiest_round(ids, sender, dest, sizes, 5, rounds) <= bound
+    average = int(np.ceil(busiest_round(ids, sender, dest, sizes, 5, 1) / bound))
+    assert busiest_round(ids, sender, dest, sizes, 5, average) > bound   # the case the loop exists for
