@@ -82,10 +82,13 @@ class SharedSegment:
             path, error = world.host_bcast((path, error))
         if error:
             raise MemoryError(error)
+        failure = None
         try:
             if not leader:
                 self.fd = os.open(path, os.O_RDWR)
             self._map()
+        except OSError as exc:
+            failure = exc
         finally:
             # Every rank has now opened (or failed to open) the file: drop the name.
             if world is not None:
@@ -94,6 +97,10 @@ class SharedSegment:
                 os.unlink(path)
                 named.restore()
         self.owner_pid = os.getpid()
+        # one rank's failure is the host's: its peers would otherwise wait for it in the store's next step
+        if (world.host_any(failure is not None) if world is not None else failure is not None):
+            self.close()
+            raise failure or OSError(f"another rank of this host could not map the shared segment {path}")
 
     @classmethod
     def attach(cls, pid: int, fd: int, size: int) -> "SharedSegment":

@@ -180,38 +180,46 @@ class ImageStore:
             except MemoryBudgetError as exc:
                 decision = (partition, exc)
         partition, error = world.host_bcast(decision)
-        if error is not None:
-            raise error
         self.holds_all = partition == "full" or self.layout.num_hosts == 1
         held_ids = np.arange(self.num_samples) if self.holds_all else share_ids
         blob_bytes = full_bytes if self.holds_all else share_bytes
-        # Which hosts hold everything (needed to plan exchanges); a pure function of the decisions.
-        full_hosts = world.comm.allgather(self.holds_all) if world.comm is not None else [self.holds_all]
-        self.host_holds_all = np.array([full_hosts[r[0]] for r in
+        # Which hosts hold everything (needed to plan exchanges), and any host's refusal: every
+        # rank of every host raises, rather than the other hosts waiting in their next collective.
+        decided = world.comm.allgather((self.holds_all, error)) if world.comm is not None else [(self.holds_all, error)]
+        refused = [e for _, e in decided if e is not None]
+        if refused:
+            raise error or refused[0]
+        self.host_holds_all = np.array([decided[r[0]][0] for r in
                                         (self.layout.ranks_of(h) for h in range(self.layout.num_hosts))])
 
-        self.segment = SharedSegment(world, index_bytes + blob_bytes)
-        self._map_segment()
-        sizes = offsets[1:] - offsets[:-1]
-        if world.is_leader:
-            self.offsets[:] = offsets
-            self.labels[:] = labels
-            self.position[:] = -1
-            self.position[held_ids] = np.concatenate([[0], np.cumsum(sizes[held_ids])[:-1]]) if len(held_ids) else []
-        world.host_barrier()
-
-        problem = None
-        try:
-            mine = self._my_part(held_ids, sizes)
-            problem = self._load(mine, index, progress)
-            if problem is None and verify and index["crcs"] is not None:
-                problem = self._verify(mine, index)
-        except Exception as exc:
-            problem = f"rank {self.layout.rank}: {type(exc).__name__}: {exc}"
-        problems = world.host_comm.allgather(problem) if world.host_comm is not None else [problem]
+        problem, own = None, None
+        try:   # raises on every rank of the host or on none (shm.py)
+            self.segment = SharedSegment(world, index_bytes + blob_bytes)
+        except (MemoryError, OSError) as exc:
+            problem, own = f"rank {self.layout.rank}: {type(exc).__name__}: {exc}", exc
+        if problem is None:
+            self._map_segment()
+            sizes = offsets[1:] - offsets[:-1]
+            if world.is_leader:
+                self.offsets[:] = offsets
+                self.labels[:] = labels
+                self.position[:] = -1
+                self.position[held_ids] = np.concatenate([[0], np.cumsum(sizes[held_ids])[:-1]]) if len(held_ids) else []
+            world.host_barrier()
+            try:
+                mine = self._my_part(held_ids, sizes)
+                problem = self._load(mine, index, progress)
+                if problem is None and verify and index["crcs"] is not None:
+                    problem = self._verify(mine, index)
+            except Exception as exc:
+                problem = f"rank {self.layout.rank}: {type(exc).__name__}: {exc}"
+        # every host's outcome, so that one host's failure is every rank's error, not a hang
+        problems = world.comm.allgather(problem) if world.comm is not None else [problem]
         problems = [p for p in problems if p]
         if problems:
             self.close()
+            if own is not None:
+                raise own
             raise StoreCorruptError(f"loading {source} failed: " + "; ".join(problems))
         self.share_ids = held_ids
         self.blob_bytes = blob_bytes

@@ -84,6 +84,19 @@ def budget(path):
         expect(segments() == [], f"a segment left after the error: {segments()}")
 
 
+def budget_on_one_host(path):
+    """Over the memory budget on the first host only: the other host's ranks raise it too."""
+    import os
+    if comm.rank == 0:
+        os.environ["MCALLREDUCE_DATA_MEMORY_LIMIT"] = "1M"
+    try:
+        ImageStore.open(path)
+        expect(False, "a rank loaded the store although a host was over its budget")
+    except MemoryBudgetError as exc:
+        expect("MCALLREDUCE_DATA_MEMORY_LIMIT" in str(exc), f"not the budget's error: {exc}")
+        expect(segments() == [], f"a segment left after the error: {segments()}")
+
+
 def corrupt(path):
     """A damaged blob fails on every rank with its checksum named."""
     try:
@@ -171,6 +184,7 @@ def validate(path):
 
 
 if __name__ == "__main__":
-    {"shared": shared, "raise": raise_after_load, "budget": budget, "corrupt": corrupt,
+    {"shared": shared, "raise": raise_after_load, "budget": budget, "budget_on_one_host": budget_on_one_host,
+     "corrupt": corrupt,
      "exchange": exchange, "validate": validate}[sys.argv[1]](sys.argv[2])
     sys.exit("\n".join(failures) if failures else 0)

@@ -43,6 +43,10 @@ def test_memory_budget_error_is_clear_and_collective(packed):
     assert our_segments() <= before
 
 
+def test_a_budget_error_on_one_host_is_every_hosts(packed):
+    passed(job(2, "budget_on_one_host", packed[0], env={"MCALLREDUCE_RANKS_PER_HOST": "1"}))
+
+
 def test_damaged_blob_fails_on_every_rank(packed, copy_of):
     from mcallreduce.data import StoreFile
     damaged = copy_of(packed[0])
