@@ -33,12 +33,9 @@ class Routed:
         """Whether every part is done. Once they are, the result is in the user's tensors, as
         stock's poll promises, or the error is kept for :meth:`wait`."""
         if not self._settled:
-            try:
-                if not all(h.test() for h in [self.check] + self.parts):
-                    return False
-            except Exception:   # noqa: BLE001  (finished with an error: wait() raises it)
-                pass
-            self._settle()
+            if not all(_finished(h) for h in [self.check] + self.parts):
+                return False
+            self._settle()   # waits for nothing: every part has finished
         return True
 
     def wait(self) -> None:
@@ -77,6 +74,13 @@ class Routed:
                 from error
         if self.unpack is not None:
             self.unpack()
+
+
+def _finished(handle) -> bool:
+    try:
+        return handle.test()
+    except Exception:   # noqa: BLE001  (finished with an error: wait() raises it)
+        return True
 
 
 class Finished:
