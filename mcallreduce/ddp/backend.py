@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import sys
+import time
 from typing import Any, Callable, List, Optional
 
 import numpy as np
@@ -42,6 +43,7 @@ BACKEND = "mcallreduce"
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "average", dist.ReduceOp.MIN: "min",
         dist.ReduceOp.MAX: "max", dist.ReduceOp.PRODUCT: "product"}
 _IMPLEMENTED = "allreduce, broadcast, allgather and barrier"
+_TIMED_WAIT_NAP_S = 0.0005   # between tests of a wait with a timeout: the engine's own waits sleep too
 
 
 class _Work(dist.Work):
@@ -57,7 +59,17 @@ class _Work(dist.Work):
         self._handle, self._future, self._defer = handle, future, defer
 
     def wait(self, timeout: Optional[datetime.timedelta] = None) -> bool:
-        if self._handle is not None:
+        """Wait for the collective; past ``timeout`` (none or zero: no limit, as torch's) raise
+        RuntimeError, as gloo does. The collective stays in flight; a later wait finishes it."""
+        seconds = timeout.total_seconds() if timeout is not None else 0.0
+        if self._handle is not None and seconds > 0:
+            deadline = time.monotonic() + seconds
+            while not self._handle.test():   # each test progresses it when no thread does
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"mcallreduce: the collective did not finish within {timeout} "
+                                       "(Work.wait timeout); it is still in flight")
+                time.sleep(_TIMED_WAIT_NAP_S)
+        elif self._handle is not None:
             self._handle.wait()
         self._future.wait()   # the callback that completes it may still be running
         return True

@@ -3,6 +3,7 @@
 * A bucket whose size differs across ranks (rank 1's model is larger; ``init_sync=False``
   skips DDP's own shape check) makes ``backward()`` raise on every rank, with the hook and
   on the backend.
+* A ``Work.wait(timeout)`` past its timeout raises, and a later wait finishes the collective.
 * The backend as the default group, initialised with ``init_method="mcallreduce://"`` or (with
   the argument ``bare``) as ``dist.init_process_group("mcallreduce")`` with no ``MASTER_ADDR``:
   broadcast, allgather, barrier and every supported reduce op give gloo's answers; an
@@ -10,8 +11,10 @@
 
 The exit status is the result.
 """
+import datetime
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -75,6 +78,20 @@ for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MIN, dist.ReduceO
             problems.append(f"rank {rank} all_reduce {op} {dtype}: {ours} != gloo's {theirs}")
 work = dist.all_reduce(torch.ones(1000), async_op=True)
 work.wait()
+# a wait with a timeout raises once it passes (the last rank starts its part late), and a later wait finishes it
+if rank == size - 1:
+    time.sleep(2.0)
+late = torch.ones(1000)
+work = dist.all_reduce(late, async_op=True)
+if rank != size - 1:
+    t0 = time.monotonic()
+    expect_raises("a wait past its timeout", lambda: work.wait(timeout=datetime.timedelta(seconds=0.3)),
+                  RuntimeError, ["timeout"])
+    if not 0.3 <= time.monotonic() - t0 < 1.5:
+        problems.append(f"rank {rank}: the timed wait took {time.monotonic() - t0:.2f} s for a 0.3 s timeout")
+work.wait()
+if not torch.equal(late, torch.full((1000,), float(size))):
+    problems.append(f"rank {rank} all_reduce after a timed-out wait: {late[:3]}")
 t = torch.full((5,), float(rank)) if rank == 0 else torch.zeros(5)
 dist.broadcast(t, src=0)
 if not torch.equal(t, torch.zeros(5)):
