@@ -80,7 +80,7 @@ work = dist.all_reduce(torch.ones(1000), async_op=True)
 work.wait()
 # a wait with a timeout raises once it passes (the last rank starts its part late), and a later wait finishes it
 if rank == size - 1:
-    time.sleep(2.0)
+    time.sleep(1.2)
 late = torch.ones(1000)
 work = dist.all_reduce(late, async_op=True)
 if rank != size - 1:
