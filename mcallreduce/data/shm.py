@@ -94,7 +94,8 @@ class SharedSegment:
             if world is not None:
                 world.host_barrier()
             if leader:
-                os.unlink(path)
+                with contextlib.suppress(FileNotFoundError):   # a SIGTERM handler that returned unlinked it
+                    os.unlink(path)
                 named.restore()
         self.owner_pid = os.getpid()
         # one rank's failure is the host's: its peers would otherwise wait for it in the store's next step

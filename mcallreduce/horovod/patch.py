@@ -37,7 +37,8 @@ def patch_horovod_torch(hvd, route_all: bool = True) -> None:
 
     @functools.wraps(stock_init)
     def init(*args, **kwargs):
-        state.mpi_outlives_horovod = _initialize_mpi_first()
+        if not hvd.is_initialized():   # a second init keeps the MPI (and its owner) of the first
+            state.mpi_outlives_horovod = _initialize_mpi_first()
         stock_init(*args, **kwargs)
         _activate(hvd, kwargs.get("comm", args[0] if args else None))
 

@@ -28,6 +28,7 @@ class Routed:
     def __init__(self, name: str, check, parts: Sequence, unpack=None):
         self.name, self.check, self.parts, self.unpack = name, check, list(parts), unpack
         self._settled, self._error = False, None
+        self._settling = threading.Lock()   # poll and synchronize may settle it from two threads
 
     def test(self) -> bool:
         """Whether every part is done. Once they are, the result is in the user's tensors, as
@@ -49,12 +50,19 @@ class Routed:
 
     def _settle(self) -> None:
         try:
-            self._finish()
+            self._outcome()
+            error = None
         except Exception as exc:   # noqa: BLE001  (raised by wait(), as Horovod's synchronize does)
-            self._error = exc
-        self._settled = True
+            error = exc
+        with self._settling:   # the result reaches the user's tensors once
+            if self._settled:
+                return
+            if error is None and self.unpack is not None:
+                self.unpack()
+            self._error, self._settled = error, True
 
-    def _finish(self) -> None:
+    def _outcome(self) -> None:
+        """Wait for every part, then raise the first error (the tensors still untouched)."""
         error: Optional[BaseException] = None
         for h in [self.check] + self.parts:
             try:
@@ -72,8 +80,6 @@ class Routed:
             advice = f" The tensor was left unchanged. {ORDER_ADVICE}" if isinstance(error, MismatchError) else ""
             raise RuntimeError(f"mcallreduce: allreduce of tensor '{self.name}' failed: {error}.{advice}") \
                 from error
-        if self.unpack is not None:
-            self.unpack()
 
 
 def _finished(handle) -> bool:
