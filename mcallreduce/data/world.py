@@ -159,8 +159,7 @@ def current(num_replicas: Optional[int] = None, rank: Optional[int] = None,
             raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
         return World(Layout.uniform(num_replicas, rank, ranks_per_host))
     comm = MPI.COMM_WORLD
-    if (num_replicas, rank) != (None, None) and (num_replicas or comm.size, comm.rank if rank is None else rank) \
-            != (comm.size, comm.rank):
+    if num_replicas not in (None, comm.size) or rank not in (None, comm.rank):
         raise ValueError(f"num_replicas={num_replicas}, rank={rank} differ from MPI's world "
                          f"({comm.size} ranks, this is rank {comm.rank}); pass both to state another world")
     node = hostlayout.host_comm(comm, ranks_per_host)

@@ -175,6 +175,14 @@ def validate(path):
         visited = [i for r in rows for i in r["order"]]
         expect(set(visited) == set(range(n)), f"{n - len(set(visited))} samples visited by no rank")
         expect(len(visited) - n < comm.size, f"{len(visited) - n} samples visited twice")
+    # one of num_replicas/rank under MPI: the other is MPI's, and one that disagrees with MPI is refused
+    from mcallreduce.data import world as world_mod
+    expect(world_mod.current(rank=comm.rank).layout.num_replicas == comm.size, "rank alone: not MPI's world")
+    try:
+        world_mod.current(num_replicas=comm.size + 1)
+        expect(False, "a num_replicas other than MPI's world was taken")
+    except ValueError as exc:
+        expect("differ from MPI's world" in str(exc), f"the error does not say what differs: {exc}")
     # the global mode unshuffled is DistributedSampler's order: it brings the other host's samples too
     order = list(InMemoryDistributedSampler(dataset, shuffle=False, shuffle_mode="global"))
     ref = DistributedSampler(range(n), num_replicas=comm.size, rank=comm.rank, shuffle=False)
