@@ -176,6 +176,8 @@ class _BucketedMethods:
                 bucket.routed.wait()
             except RuntimeError as exc:
                 error = error or exc
+                for stock_handle in bucket.sparse.values():   # or they stay in Horovod's handle map
+                    _synchronize_quietly(stock_handle)
                 continue
             for slot, (p, offset, n) in enumerate(zip(bucket.params, bucket.offsets, bucket.numels)):
                 if slot in bucket.sparse:
@@ -207,6 +209,13 @@ class _BucketedMethods:
     def set_backward_passes_per_step(self, passes):
         self.backward_passes_per_step = passes
         self._reset_buckets()
+
+
+def _synchronize_quietly(stock_handle) -> None:
+    try:
+        stock_handle()
+    except Exception:   # noqa: BLE001  (the bucket's own error is the step's)
+        pass
 
 
 class _StockNames:

@@ -92,6 +92,8 @@ def _decline(feature: str) -> None:
 
 def _activate(hvd, comm_arg) -> None:
     """After stock hvd.init(): route allreduces through mcallreduce, or say why not."""
+    if ROUTER.active:   # a second hvd.init(), which stock Horovod ignores too
+        return
     if os.environ.get("HOROVOD_ELASTIC") == "1":
         return _decline("elastic mode")
     # gloo_enabled() is also true under the MPI controller with HOROVOD_CPU_OPERATIONS=gloo;
@@ -129,7 +131,8 @@ def _activate(hvd, comm_arg) -> None:
     atexit.register(_stop_progress)   # runs before Horovod's atexit shutdown (registered earlier)
     ROUTER.comm = comm
     path = timeline.path_for(ctx.rank)
-    ROUTER.timeline = timeline.Timeline(path, ctx.rank) if path else None
+    if path is None or ROUTER.timeline is None or ROUTER.timeline.path != path:   # hvd.init() after shutdown appends
+        ROUTER.timeline = timeline.Timeline(path, ctx.rank) if path else None
     ROUTER.active = True
     if ctx.rank == 0:
         colors = settings.colors if settings.colors is not None else "auto"
@@ -151,6 +154,7 @@ def _stop_progress() -> None:
     if not ROUTER.active:
         return
     ROUTER.active = False
+    ROUTER.forget_handles()   # as stock's shutdown clears its handles: poll and synchronize raise ValueError
     if ROUTER.timeline is not None:
         ROUTER.timeline.write()
     from mcallreduce import runtime

@@ -151,6 +151,11 @@ class Router:
             if self.names.get(routed.name) == handle:
                 del self.names[routed.name]
 
+    def forget_handles(self) -> None:
+        with self.lock:
+            self.inflight.clear()
+            self.names.clear()
+
     def in_progress(self, name: str) -> bool:
         """Whether a call of this name is still running (one that finished frees its name, as in Horovod,
         synchronized or not)."""

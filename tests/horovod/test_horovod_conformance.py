@@ -61,3 +61,18 @@ def test_a_stall_report_names_the_tensor_and_which_of_its_calls_waits():
     assert result.returncode == 0, explain(result)
     assert "rank 1's allreduce" in result.stderr and "(metadata check of tensor 'waited', " in result.stderr, \
         explain(result)
+
+
+@pytest.mark.parametrize("mode", ["stock", "plugin"])
+def test_a_second_init_changes_nothing_and_shutdown_clears_handles(mode, tmp_path):
+    # the plugin once let a handle outlive hvd.shutdown() (its synchronize then waited forever),
+    # and each hvd.init() started a new timeline, losing the calls before it
+    env = {**(ON if mode == "plugin" else OFF), "MCALLREDUCE_TIMELINE": str(tmp_path / "t.json")}
+    result = mpi_job(2, "lifecycle.py", mode, env=env, timeout=120)
+    assert result.returncode == 0 and result.stdout.count("LIFECYCLE OK") == 2, explain(result)
+    if mode == "plugin":
+        import json
+        trace = json.loads((tmp_path / "t.mcallreduce.rank1.json").read_text())["traceEvents"]
+        assert [e["name"] for e in trace if e["ph"] == "X" and e["tid"] == 1] == \
+            ["first", "second", "pending", "pending", "third"], trace
+        assert result.stderr.count("allreduce active") == 2, explain(result)   # the second init said nothing
