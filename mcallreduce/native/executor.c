@@ -219,7 +219,7 @@ void fail_run(EngineObject *e, run_t *r, const char *what, int rc) {
 /* ------------------------------------------------------------------ progress */
 
 /* Fail every run that cannot finish: from `seq` on (a peer left before starting it), or all
-   (seq < 0: the stall limit). Their requests stay posted, so the runs are kept, not freed. */
+   (seq < 0: the stall limit, or MPI cannot wait any more). Their requests stay posted, so the runs are kept, not freed. */
 static void abandon(EngineObject *e, long long seq, const char *why) {
     for (int i = 0; i < e->nruns; i++) {
         run_t *r = e->runs[i];
@@ -306,17 +306,18 @@ void progress(EngineObject *e, int block, run_t *until) {
     while (!(until && until->done)) {
         e->in_mpi = "MPI_Testsome";   /* for the stall report: polling, or asleep between polls */
         if (!until && e->nfinished) break;
-        if (e->nreqs == 0) {
-            if (until) snprintf(e->fatal, sizeof e->fatal, "internal error: an allreduce is in flight with nothing posted");
+        if (e->nreqs == 0) {   /* nothing can complete: the runs fail rather than wait forever */
+            if (until) abandon(e, -1, "internal error: an allreduce was in flight with nothing posted");
             break;
         }
         int n = 0, rc = MPI_Testsome(e->nreqs, e->reqs, &n, e->index, e->statuses);
         int in_status = rc == MPI_ERR_IN_STATUS;   /* a request failed: its run, not the engine */
         if (rc != MPI_SUCCESS && !in_status) {
-            char msg[MPI_MAX_ERROR_STRING];
+            char msg[MPI_MAX_ERROR_STRING], why[200];
             int len = 0;
             MPI_Error_string(rc, msg, &len);
-            snprintf(e->fatal, sizeof e->fatal, "MPI_Testsome failed: %.*s", len, msg);
+            snprintf(why, sizeof why, "MPI_Testsome failed: %.*s", len, msg);
+            abandon(e, -1, why);   /* no request of this engine can be waited for any more */
             break;
         }
         if (n != MPI_UNDEFINED && n > 0) completed(e, n, in_status);

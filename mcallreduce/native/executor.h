@@ -147,7 +147,6 @@ typedef struct {
     void *pool[POOL_SLOTS];
     size_t pool_bytes[POOL_SLOTS];
     char sync_ok, sync_failed;   /* what the shared stage's sync 2 sends: 0, or 1 after a failure */
-    char fatal[256];
     /* for the stall report, read from other threads: the MPI call the executor is inside
        (NULL: none), and the wake-ups other threads have in progress */
     const char *volatile in_mpi;

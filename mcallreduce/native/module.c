@@ -46,12 +46,6 @@ static PyObject *drain(EngineObject *e) {
         if (r->abandoned) { r->grave = e->graveyard; e->graveyard = r; }   /* MPI may still write to it */
         else free_run(r);
     }
-    if (e->fatal[0]) {
-        PyErr_Format(PyExc_RuntimeError, "mcallreduce: %s", e->fatal);
-        e->fatal[0] = 0;
-        Py_DECREF(out);
-        return NULL;
-    }
     return out;
 }
 
@@ -164,7 +158,7 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssi
     Py_END_ALLOW_THREADS
     self->waited = NULL;
     if (!wait) Py_RETURN_NONE;
-    if (r->done && !r->inflight && self->nruns == 1 && !self->fatal[0]) {
+    if (r->done && !r->inflight && self->nruns == 1) {
         /* the waited call was alone: report it without building the drain's list */
         PyObject *payload = outcome_payload(r);
         int status = r->status;

@@ -8,7 +8,8 @@
    backward pass or the decoder need. After poll_s without a completion it sleeps between
    polls, each nap at most an eighth of the time waited so far (so sleeping adds at most that
    share to a wait) and at most SLEEP_MAX_NS (well under a pipeline segment's time on a slow
-   link, so a forwarding rank keeps its links busy); any completion polls again. */
+   link, so a forwarding rank keeps its links busy); any completion polls again
+   (docs/benchmarks-limits.md, "How long a wait polls"). */
 #define SLEEP_MAX_NS 200000L
 /* MPI_Iallreduce advances a round only inside a poll and reports nothing until its last round,
    so while one is posted the wait polls COLL_POLL_FACTOR times as long, then naps as briefly as
