@@ -1,4 +1,5 @@
-"""Exceptions raised by mcallreduce, one class per meaning."""
+"""Exceptions raised by mcallreduce, one class per meaning: here those more than one part raises;
+a part's own (the data store's file format, the bench's cluster) stand beside its code."""
 
 
 class ConfigError(ValueError):
@@ -7,6 +8,10 @@ class ConfigError(ValueError):
 
 class MismatchError(ValueError):
     """Ranks disagree on an allreduce's element count, dtype or settings; raised on every rank."""
+
+
+class MemoryBudgetError(MemoryError):
+    """Memory that a store, an epoch's exchange or a shared segment needs is not there; nothing was reserved."""
 
 
 class DeadlockError(RuntimeError):

@@ -186,7 +186,7 @@ class InMemoryDistributedSampler(Sampler[int]):
                     "dataset_size"):
             if state[key] != getattr(self, key):
                 raise ValueError(f"cannot resume: saved {key}={state[key]!r}, this sampler has {getattr(self, key)!r}")
-        if state.get("hosts") is not None and state["hosts"] != self._hosts():   # absent: saved before it was kept
+        if state.get("hosts") is not None and state["hosts"] != self._hosts():   # absent: saved by a version that did not record it
             raise ValueError(f"cannot resume: the saved order put ranks on hosts {state['hosts']}, this job has "
                              f"{self._hosts()}; the {self.shuffle_mode} order depends on it")
         self.epoch = int(state["epoch"])

@@ -7,7 +7,8 @@ SIGBUS on first touch); the other ranks of the host open and map it; then,
 once all have mapped it, the name is unlinked. From then on the memory belongs
 to the open mappings alone: the kernel frees it when the last process using it
 exits, however it exits (exception, signal, SIGKILL); before that, SIGTERM unlinks the
-name first (only SIGKILL in that moment leaves the file). Nothing is registered
+name first. A SIGKILL in that moment leaves the file; the next segment made on the host
+removes it (:func:`remove_leftovers`). Nothing is registered
 with multiprocessing's resource_tracker, so its at-exit unlinking and "leaked
 shared_memory" warnings (bpo-39959; ``track=False`` arrived only in 3.13) do not
 apply.
@@ -25,17 +26,47 @@ import os
 import secrets
 import signal
 import threading
+import time
 from typing import Optional
 
 import numpy as np
 
+from ..errors import MemoryBudgetError
+
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+NAME_PREFIX = "mcallreduce-data-"
+LEFTOVER_AGE_S = 60.0   # a segment's name lives while the host's ranks map it: seconds, not minutes
+
+
+def _directory() -> str:
+    import tempfile
+    return SHM_DIR or tempfile.gettempdir()
 
 
 def _new_path(tag: str) -> str:
-    import tempfile
-    directory = SHM_DIR or tempfile.gettempdir()
-    return os.path.join(directory, f"mcallreduce-data-{tag}-{os.getpid()}-{secrets.token_hex(6)}")
+    return os.path.join(_directory(), f"{NAME_PREFIX}{tag}-{os.getpid()}-{secrets.token_hex(6)}")
+
+
+def remove_leftovers(directory: Optional[str] = None, min_age_s: float = LEFTOVER_AGE_S) -> list:
+    """Unlink the segments that a SIGKILL left named: this user's, whose creating process is gone
+    (its pid is in the name) and which are older than ``min_age_s``; returns their paths. A name
+    lives only until the host's ranks have mapped it, so an old one is no live job's."""
+    directory = directory or _directory()
+    removed = []
+    for entry in os.scandir(directory):
+        pid = entry.name[len(NAME_PREFIX):].split("-")[-2] if entry.name.startswith(NAME_PREFIX) else ""
+        with contextlib.suppress(OSError):
+            info = entry.stat(follow_symlinks=False)
+            if not pid.isdigit() or info.st_uid != os.getuid() or time.time() - info.st_mtime < min_age_s:
+                continue
+            try:
+                os.kill(int(pid), 0)
+                continue                  # alive (or another user's: PermissionError is an OSError)
+            except ProcessLookupError:
+                pass
+            os.unlink(entry.path)
+            removed.append(entry.path)
+    return removed
 
 
 class _unlinked_on_sigterm:
@@ -71,6 +102,7 @@ class SharedSegment:
         leader = world is None or world.is_leader
         named = _unlinked_on_sigterm(_new_path(tag)) if leader else None
         if leader:
+            remove_leftovers()
             try:
                 path = self._create(named.path)
             except OSError as exc:
@@ -81,7 +113,7 @@ class SharedSegment:
         if world is not None:
             path, error = world.host_bcast((path, error))
         if error:
-            raise MemoryError(error)
+            raise MemoryBudgetError(error)
         failure = None
         try:
             if not leader:

@@ -22,6 +22,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ..config import data as settings
+from ..errors import MemoryBudgetError
 from ..units import format_bytes
 from . import world as world_mod
 from .format import StoreFile, read_ranges, scan_image_folder
@@ -29,10 +30,6 @@ from .partition import owner_of_samples
 from . import progress as progress_bar
 from .board import Board
 from .shm import SharedSegment
-
-
-class MemoryBudgetError(MemoryError):
-    """The store (or an epoch's exchange) would not fit in the host's memory."""
 
 
 class StoreCorruptError(ValueError):
