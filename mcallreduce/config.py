@@ -1,4 +1,5 @@
-"""Configuration: the library's ``MCALLREDUCE_*`` variables are parsed here, and only here.
+"""Configuration: the library's ``MCALLREDUCE_*`` variables are parsed here, and only here (the
+emulated cluster's own two, for its tools, are in docs/cluster.md).
 
 | variable                     | values                         | default    |
 |------------------------------|--------------------------------|------------|
@@ -52,7 +53,7 @@ from .units import parse_size
 
 __all__ = ["ALGORITHMS", "MPI_ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_size",
            "horovod_switch", "horovod_requested_by_startup_hook", "horovod_requested_by_import",
-           "bucket_bytes", "progress_thread", "gradient_as_bucket_view", "stall_check_seconds", "stall_shutdown_seconds", "timeline_file", "data"]
+           "bucket_bytes", "progress_thread_setting", "gradient_as_bucket_view", "stall_check_seconds", "stall_shutdown_seconds", "timeline_file", "data"]
 
 #: MPI's own allreduce: "mpi" is MPI_Allreduce itself (stock Horovod's CPU path), "mpi-ring"
 #: Open MPI's ring allreduce (as "mpi" where it cannot be forced: mcallreduce/mpit.py)

@@ -31,7 +31,8 @@ def fused_with_check(algorithm: str, nbytes: int) -> bool:
 
 # Defaults by message size, in the spirit of Blue Gene/Q's colors-by-size table:
 # small messages are latency-bound (one tree, one message per hop), large ones are
-# bandwidth-bound (every host a root of some color, pipelined in segments).
+# bandwidth-bound (every host a root of some color, pipelined in segments); the measurements
+# behind each bound: docs/algorithms.md, "Defaults by message size".
 SMALL_BYTES = 16 << 10     # <= this: one color, no pipelining
 MEDIUM_BYTES = 256 << 10   # <= this: two colors, no pipelining
 SEGMENT_BYTES = 256 << 10  # pipeline segment for large messages

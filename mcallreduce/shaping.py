@@ -16,7 +16,7 @@ def tbf_burst_bytes(rate_bytes: float) -> int:
 def tbf_options(rate_bits: int) -> list[str]:
     """tc tbf arguments for ``rate_bits``: the burst of :func:`tbf_burst_bytes`, and a queue
     (limit) of 50 ms of rate, at least 1 MiB, so TCP bursts queue rather than drop (veth has
-    no delay, so a deeper queue costs latency only under load).
+    no delay, so a deeper queue costs latency only under load; docs/cluster.md, "tbf parameters").
     """
     rate_bytes = rate_bits / 8
     burst = tbf_burst_bytes(rate_bytes)

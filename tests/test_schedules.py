@@ -86,6 +86,11 @@ def assert_early_steps_pair_up(sched, case, max_count):
     return early
 
 
+def test_the_executor_reads_the_columns_lowering_writes():
+    executor = pytest.importorskip("mcallreduce._executor", reason="the compiled executor is not built")
+    assert executor.LOWERED_COLUMNS == len(COLUMNS)
+
+
 @pytest.mark.parametrize("p", range(1, 18))
 def test_lowered_arrays_are_the_schedule_its_done_messages_and_its_early_steps(p):
     # what the compiled executor runs is, row by row, the schedule the in-process executor plays,
