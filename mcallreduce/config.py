@@ -174,6 +174,9 @@ class Config:
         key = (self, tuple(sorted(changes.items())))
         hit = _overridden.get(key)
         if hit is None:
+            unknown = sorted(set(changes) - set(self.__dataclass_fields__))
+            if unknown:
+                raise ConfigError(f"mcallreduce: unknown allreduce option(s) {unknown}; the options: mcallreduce.Config")
             if changes.get("route") not in (None,) + ROUTES:
                 raise ConfigError(f"route={changes['route']!r}: allowed values are {', '.join(ROUTES)}")
             if len(_overridden) > 1024:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import collections
 import ctypes
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
@@ -114,7 +115,7 @@ class Handle:
                     self._callbacks = []
                 self._callbacks.append(fn)
                 return
-        fn(self)
+        _call_back(fn, self)
 
     def _finish(self, error: Optional[BaseException]) -> None:
         if self._finisher is not None:
@@ -125,7 +126,16 @@ class Handle:
         if self._event is not None:
             self._event.set()
         for fn in callbacks or ():
-            fn(self)
+            _call_back(fn, self)
+
+
+def _call_back(fn: Callable[[Handle], None], handle: Handle) -> None:
+    """Run a done callback; one that raises is logged, as concurrent.futures does, and the
+    engine goes on reporting the other calls."""
+    try:
+        fn(handle)
+    except Exception:   # noqa: BLE001
+        logging.getLogger("mcallreduce").exception("a done callback of allreduce #%d raised", handle.seq)
 
 
 class _Call:
@@ -181,12 +191,15 @@ class Engine:
                finisher: Optional[Callable] = None) -> Handle:
         """Start one call of a plan (``template``: the executor's fixed arguments) on ``buffer``;
         ``finisher(error)`` runs when it ends, before the handle reports it (see Handle)."""
-        handle = Handle(self, seq, result, finisher)
-        call = _Call(handle, template, buffer, prescale, on_mismatch, local_error)
-        if self._thread is not None:
-            self._queue.append(call)
-            self._wake()
-        else:
+        # decided with start_thread() excluded: a handle made without the thread must be admitted
+        # before it starts (which finishes the calls in flight), or it waits on a lock the thread keeps
+        with self._thread_lock:
+            handle = Handle(self, seq, result, finisher)
+            call = _Call(handle, template, buffer, prescale, on_mismatch, local_error)
+            if self._thread is not None:
+                self._queue.append(call)
+                self._wake()
+                return handle
             with self.lock:
                 earlier = bool(self.calls)
                 self._admit(call)
@@ -220,10 +233,9 @@ class Engine:
     def _admit(self, call: _Call) -> None:
         seq = call.handle.seq
         window = seq % self.ctx.windows
-        if window in self.windows_in_use:
-            call.handle._finish(RuntimeError("mcallreduce: too many allreduces in flight "
-                                             f"(at most {self.ctx.windows}); wait on older handles first"))
-            return
+        # the tags come round again: the call that holds them finishes first, on every rank alike
+        while window in self.windows_in_use:
+            self._report(self.native.progress(True, self.windows_in_use[window]))
         self.windows_in_use[window] = seq
         self.calls[seq] = call
         self.native.submit(seq, window * TAG_SPAN, False, call.template, call.buffer, call.prescale)
@@ -298,7 +310,7 @@ class Engine:
 
     def fail_all(self, reason: str) -> None:
         """From any thread: every call in flight fails with ``reason`` (the stall limit)."""
-        self.native.abort(f"mcallreduce: {reason}")
+        self.native.abort(reason)   # the error adds "mcallreduce: "
         self.native.wake()
 
     def close(self) -> None:
@@ -314,6 +326,9 @@ class Engine:
         with self.lock:
             self.native.goodbye()
             self.native.disable_wake()
+            if self.calls:   # their peers fail them now (the goodbye): so do they here, at their next wait
+                self.native.abort("this rank closed its allreduce context (at exit or hvd.shutdown()) with "
+                                  "the call in flight")
 
     def _wake(self) -> None:
         self._kick.set()

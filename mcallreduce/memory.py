@@ -40,7 +40,8 @@ def as_array(buf: Any) -> np.ndarray:
         raise TypeError(f"mcallreduce: expected a numpy array, a torch tensor or a CuPy array, "
                         f"got {type(buf).__name__}")
     if arr.dtype not in DTYPE_CODE:
-        raise TypeError(f"mcallreduce: unsupported dtype {arr.dtype.name}; supported: {', '.join(DTYPES)}")
+        what = arr.dtype.name if arr.dtype.isnative else f"{arr.dtype.str} (not in this machine's byte order)"
+        raise TypeError(f"mcallreduce: unsupported dtype {what}; supported: {', '.join(DTYPES)}")
     if not arr.flags.c_contiguous:
         raise ValueError("mcallreduce: buffer is not contiguous; pass np.ascontiguousarray(buf)")
     if not arr.flags.writeable:

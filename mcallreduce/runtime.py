@@ -45,8 +45,9 @@ _MAX_MPI_COUNT = (1 << 31) - 1       # and MPI's own allreduce element counts
 class Context:
     """Library state for one communicator: duplicated comms, host layout, window, engine."""
 
-    _cache: Dict[int, "Context"] = {}
+    _cache: Dict[int, "Context"] = {}   # by the communicator's handle, which MPI reuses once it is freed
     _lock = threading.Lock()
+    _keyval: Optional[int] = None       # an attribute whose deletion (MPI_Comm_free) forgets the handle
 
     def __init__(self, comm: MPI.Comm, config: Config):
         self.comm = comm.Dup()   # data messages of the schedules
@@ -88,9 +89,19 @@ class Context:
                 if ctx is None:
                     ctx = Context(MPI.COMM_WORLD if comm is None else comm, _config.current())
                     cls._cache[key] = ctx
+                    if comm is not None:
+                        cls._forget_when_freed(comm, key)
                     if comm is None:
                         cls._cache[MPI.COMM_WORLD.py2f()] = ctx
         return ctx
+
+    @classmethod
+    def _forget_when_freed(cls, comm: MPI.Comm, key: int) -> None:
+        """Drop the cache entry when ``comm`` is freed: a communicator made later may get the same
+        handle, and must not find this context (whose communicators span the freed one's group)."""
+        if cls._keyval is None:
+            cls._keyval = MPI.Comm.Create_keyval(delete_fn=lambda _comm, _keyval, key: cls._cache.pop(key, None))
+        comm.Set_attr(cls._keyval, key)
 
     def plan(self, config: Config, nelem: int, dtype: np.dtype, op: str, pre: float, post: float,
              nonblocking: bool = False) -> "Plan":
@@ -267,8 +278,9 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
     result = out if out is not None else buf
     staging = None
     if plan is None:
-        config = base.with_overrides(algorithm=algorithm, check=check, **overrides)
+        config = None
         try:
+            config = base.with_overrides(algorithm=algorithm, check=check, **overrides)
             if config.algorithm not in ALGORITHMS:
                 raise ConfigError(f"mcallreduce: unknown algorithm {config.algorithm!r}; "
                                   f"allowed values are {', '.join(ALGORITHMS)}")
@@ -283,7 +295,8 @@ def _submit(buf: Any, op: str, prescale: float, postscale: float, comm: Optional
         except (TypeError, ValueError, StagingError) as exc:
             if staging is not None:    # staged, then the plan failed: nothing was sent
                 staging.abandon()
-            if not config.check:
+            checked = config.check if config is not None else (base.check if check is None else check)
+            if not checked:
                 raise
             with ctx.submit_lock:
                 return ctx.engine.submit(ctx.next_seq(), result, _rejected(ctx, exc), np.zeros(0, np.float32), 1.0,
@@ -312,7 +325,8 @@ def _call_key(base: Config, algorithm: Optional[str], check: Optional[bool], buf
               prescale: float, postscale: float, blocking: bool) -> tuple:
     """A repeated call's plan key, for a contiguous numpy array reduced in place with no overrides;
     ``base`` is named by id (Context.remember keeps it alive)."""
-    return id(base), algorithm, check, buf.size, buf.dtype.char, op, prescale, postscale, blocking
+    # dtype.str, not .char: a big-endian float32 has the same char as a native one
+    return id(base), algorithm, check, buf.size, buf.dtype.str, op, prescale, postscale, blocking
 
 
 def _host_array(buf: Any, out: Any) -> np.ndarray:

@@ -80,7 +80,10 @@ class StallInspector:
         thread = "its progress thread" if self.engine.threaded else "the callers"
         _say(f"mcallreduce: stall: rank {rank}'s executor ({thread}) is {where}, with {requests} requests "
              f"posted and {wakes} wake-up sends in progress; the Python threads of rank {rank}:")
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        try:
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        except (AttributeError, ValueError, OSError):   # a stderr with no file descriptor (a notebook, a tee)
+            faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
 
 
 def _say(line: str) -> None:

@@ -18,6 +18,7 @@
  */
 #include "executor.h"   /* Python.h first: it sets the POSIX feature macros */
 
+#include <limits.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -218,27 +219,28 @@ void fail_run(EngineObject *e, run_t *r, const char *what, int rc) {
 
 /* ------------------------------------------------------------------ progress */
 
-/* Fail every run that cannot finish: from `seq` on (a peer left before starting it), or all
-   (seq < 0: the stall limit, or MPI cannot wait any more). Their requests stay posted, so the runs are kept, not freed. */
-static void abandon(EngineObject *e, long long seq, const char *why) {
+/* Fail every run in [from, to) that has not finished: from a call on (a peer left before
+   starting it), those submitted before the stall limit's abort, or all (MPI cannot wait any
+   more). Their requests stay posted, so the runs are kept, not freed. */
+static void abandon(EngineObject *e, long long from, long long to, const char *why) {
     for (int i = 0; i < e->nruns; i++) {
         run_t *r = e->runs[i];
-        if (r->done || (seq >= 0 && r->seq < seq)) continue;
+        if (r->done || r->seq < from || r->seq >= to) continue;
         snprintf(r->error, sizeof r->error, "%s", why);
         finish(e, r, STATUS_ERROR);
     }
 }
 
 static void left_before(char *why, size_t size, int rank) {
-    snprintf(why, size, "rank %d shut down (hvd.shutdown(), or its process exited) before starting this "
-             "allreduce, which every rank must take part in", rank);
+    snprintf(why, size, "rank %d shut down (hvd.shutdown(), or its process exited) before finishing this "
+             "allreduce (or without starting it), which every rank must take part in", rank);
 }
 
 static void peer_left(EngineObject *e, int rank, long long seq) {
     if (e->gone_rank < 0 || seq < e->gone_seq) { e->gone_rank = rank; e->gone_seq = seq; }
     char why[200];
     left_before(why, sizeof why, rank);
-    abandon(e, seq, why);
+    abandon(e, seq, LLONG_MAX, why);
 }
 
 static void completed(EngineObject *e, int n, int in_status) {
@@ -305,9 +307,15 @@ void progress(EngineObject *e, int block, run_t *until) {
     double last = block ? now_s() : 0;
     while (!(until && until->done)) {
         e->in_mpi = "MPI_Testsome";   /* for the stall report: polling, or asleep between polls */
+        if (e->abort_before) {
+            long long before = e->abort_before;
+            e->abort_before = 0;
+            abandon(e, 0, before, e->abort_reason);
+            if (until && until->done) break;
+        }
         if (!until && e->nfinished) break;
         if (e->nreqs == 0) {   /* nothing can complete: the runs fail rather than wait forever */
-            if (until) abandon(e, -1, "internal error: an allreduce was in flight with nothing posted");
+            if (until) abandon(e, 0, LLONG_MAX, "internal error: an allreduce was in flight with nothing posted");
             break;
         }
         int n = 0, rc = MPI_Testsome(e->nreqs, e->reqs, &n, e->index, e->statuses);
@@ -317,11 +325,10 @@ void progress(EngineObject *e, int block, run_t *until) {
             int len = 0;
             MPI_Error_string(rc, msg, &len);
             snprintf(why, sizeof why, "MPI_Testsome failed: %.*s", len, msg);
-            abandon(e, -1, why);   /* no request of this engine can be waited for any more */
+            abandon(e, 0, LLONG_MAX, why);   /* no request of this engine can be waited for any more */
             break;
         }
         if (n != MPI_UNDEFINED && n > 0) completed(e, n, in_status);
-        if (e->abort_requested) { e->abort_requested = 0; abandon(e, -1, e->abort_reason); }
         if (e->woken) { e->woken = 0; if (!until) break; }
         if (!block) break;
         if (n != MPI_UNDEFINED && n > 0) {

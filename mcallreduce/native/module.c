@@ -121,6 +121,9 @@ static PyObject *Engine_submit(EngineObject *self, PyObject *const *args, Py_ssi
         PyErr_SetString(PyExc_RuntimeError, "no shared-memory window"); return NULL;
     }
     if (wait && self->nruns) { PyErr_SetString(PyExc_RuntimeError, "a waited call needs an idle engine"); return NULL; }
+    int finalized = 0;
+    MPI_Finalized(&finalized);   /* a flag read: the window and communicators are gone */
+    if (finalized) { PyErr_SetString(PyExc_RuntimeError, "mcallreduce: allreduce after MPI_Finalize"); return NULL; }
     run_t *r = calloc(1, sizeof(run_t));
     if (!r) return PyErr_NoMemory();
     if (PyObject_GetBuffer(args[4], &r->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) { free(r); return NULL; }
@@ -295,13 +298,13 @@ static PyObject *Engine_waited(EngineObject *self, PyObject *noargs) {
     return Py_BuildValue("(Ldn)", r->seq, r->t_start, r->view.len);
 }
 
-/* abort(reason): from any thread, fail every call in flight (the stall limit); a blocked
-   progress() is woken to do it. */
+/* abort(reason): from any thread, fail every call submitted so far that has not finished (the
+   stall limit), not a later one; a blocked progress() is woken to do it. */
 static PyObject *Engine_abort(EngineObject *self, PyObject *args) {
     const char *reason;
     if (!PyArg_ParseTuple(args, "s", &reason)) return NULL;
     snprintf(self->abort_reason, sizeof self->abort_reason, "%s", reason);
-    self->abort_requested = 1;
+    self->abort_before = self->next_seq;   /* a call is submitted with the GIL held, as this runs */
     Py_RETURN_NONE;
 }
 

@@ -1,0 +1,162 @@
+"""The public API where a user strays from the common call: each case ends on every rank,
+with the right sum or the same error, instead of a wrong result or a wait that never ends.
+
+    python -m mcallreduce.launch -np 2 -- python tests/mpi/api_edges.py CASE
+
+CASE is one of the functions below. A call that has not returned within 10 s fails the job.
+Exit status 0 when the case held on every rank.
+"""
+import io
+import logging
+import sys
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import mcallreduce
+from mcallreduce.runtime import Context, start_progress_thread
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+
+
+def within(seconds, fn):
+    """fn()'s result, or its exception; SystemExit when it has not returned by then."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except Exception as exc:   # noqa: BLE001
+            out["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        sys.exit(f"rank {rank}: still waiting after {seconds} s")
+    return out.get("error", out.get("value"))
+
+
+def freed_communicator():
+    # MPI gives a freed communicator's handle to the next one: it must not find the old context
+    pair = world.Split(0, rank)
+    x = np.ones(4, np.float32)
+    mcallreduce.allreduce(x, comm=pair)
+    assert x[0] == size
+    handle = pair.py2f()
+    pair.Free()
+    alone = world.Split(rank, 0)
+    y = np.ones(4, np.float32)
+    mcallreduce.allreduce(y, comm=alone)
+    assert y[0] == 1.0, (y, handle, alone.py2f())
+
+
+def foreign_byte_order():
+    # a big-endian float32 after a native one of the same size, which the fast path remembers
+    mcallreduce.allreduce(np.ones(4, np.float32))
+    error = within(10, lambda: mcallreduce.allreduce(np.ones(4, ">f4")))
+    assert isinstance(error, TypeError) and ">f4" in str(error), error
+
+
+def raising_callback():
+    # a done callback that raises is logged; the engine goes on reporting the other calls
+    logged = io.StringIO()
+    logging.getLogger("mcallreduce").addHandler(logging.StreamHandler(logged))
+    if sys.argv[2:] == ["thread"]:
+        start_progress_thread()
+    a, b = np.ones(4, np.float32), np.ones(4, np.float32)
+    first, second = mcallreduce.allreduce_async(a), mcallreduce.allreduce_async(b)
+    first.add_done_callback(lambda handle: 1 / 0)
+    assert within(10, second.wait) is b and within(10, first.wait) is a and a[0] == b[0] == size
+    assert "ZeroDivisionError" in logged.getvalue(), logged.getvalue()
+    within(10, lambda: mcallreduce.allreduce(np.ones(4, np.float32)))
+
+
+def option_on_one_rank():
+    # an unknown option, or an invalid value, on one rank: every rank raises
+    for bad in ({"colour": 2}, {"route": "bogus"}):
+        error = within(10, lambda: mcallreduce.allreduce(np.ones(8, np.float32), **(bad if rank == 0 else {})))
+        assert isinstance(error, ValueError), (bad, error)   # ConfigError on rank 0, MismatchError elsewhere
+        if rank == 0:
+            assert list(bad)[0] in str(error), error
+
+
+def every_tag_window_in_flight():
+    # one call more than there are tag windows: the last waits for the first instead of failing on one rank
+    windows = Context.get().windows
+    if rank == 0:
+        time.sleep(1)   # the other rank reaches the limit first
+    buffers = [np.ones(4, np.float32) for _ in range(windows + 1)]
+    handles = [mcallreduce.allreduce_async(b) for b in buffers]
+    within(30, lambda: [h.wait() for h in handles])
+    assert all(b[0] == size for b in buffers)
+
+
+def closed_with_a_call_in_flight():
+    # hvd.shutdown() with a handle not waited for: it fails here as it does at the peers
+    handle = mcallreduce.allreduce_async(np.ones(1 << 12, np.float32), algorithm="ring")
+    if rank == 0:
+        Context.get().close()
+    error = within(10, handle.wait)
+    assert isinstance(error, RuntimeError), error
+    assert ("closed" if rank == 0 else "shut down") in str(error), error
+
+
+def abort_while_idle():
+    # the stall limit's abort, when its call finished just before it: no later call fails
+    mcallreduce.allreduce(np.ones(4, np.float32))
+    if rank == 0:
+        Context.get().engine.fail_all("the call waited longer than the stall shutdown time")
+    x = np.ones(4, np.float32)
+    result = within(10, lambda: mcallreduce.allreduce(x))
+    assert result is x and x[0] == size, result
+
+
+def progress_thread_started_under_calls():
+    # another thread's calls go on while the progress thread starts
+    errors, calls = [], [0]
+
+    def submit():
+        try:
+            for _ in range(2000):
+                mcallreduce.allreduce_async(np.ones(4, np.float32)).wait()
+                calls[0] += 1
+        except Exception as exc:   # noqa: BLE001
+            errors.append(exc)
+    thread = threading.Thread(target=submit, daemon=True)
+    thread.start()
+    time.sleep(0.05)
+    start_progress_thread()
+    thread.join(30)
+    assert not thread.is_alive() and not errors and calls[0] == 2000, (errors, calls)
+
+
+def stall_report_to_a_stderr_without_a_file():
+    # a notebook's or a logger's stderr has no file descriptor; the stall limit still fails the call
+    # (run with MCALLREDUCE_STALL_CHECK_TIME_SECONDS=1, MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS=2)
+    class Relay(io.TextIOBase):
+        def write(self, text):
+            return sys.__stderr__.write(text)
+    mcallreduce.allreduce(np.ones(4, np.float32))   # the context, made collectively
+    sys.stderr = Relay()
+    if rank == 0:
+        error = within(10, lambda: mcallreduce.allreduce(np.ones(4, np.float32)))
+        assert isinstance(error, RuntimeError) and "stall shutdown time" in str(error), error
+    else:
+        time.sleep(4)   # never starts the call
+
+
+def after_finalize():
+    mcallreduce.allreduce(np.ones(4, np.float32))
+    MPI.Finalize()
+    error = within(10, lambda: mcallreduce.allreduce(np.ones(4, np.float32)))
+    assert isinstance(error, RuntimeError) and "MPI_Finalize" in str(error), error
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]]()
+    if not MPI.Is_finalized():
+        world.Barrier()
+    print(f"rank {rank}: {sys.argv[1]} held", flush=True)
