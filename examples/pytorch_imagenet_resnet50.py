@@ -96,14 +96,17 @@ parser.add_argument("--local-gradients", action="store_true", default=False,
 
 
 class Metric:
-    """A running mean over all ranks (Horovod's example averages every update with hvd.allreduce)."""
+    """A running mean over all ranks' samples. Horovod's example averages each update's per-rank means,
+    which lets a short last batch count as much as a full one; here each update weighs its samples."""
 
     def __init__(self, name):
-        self.name, self.sum, self.n = name, torch.tensor(0.), torch.tensor(0.)
+        self.name, self.sum, self.n = name, torch.tensor(0., dtype=torch.float64), torch.tensor(0., dtype=torch.float64)
 
-    def update(self, value):
-        self.sum += hvd.allreduce(value.detach().cpu(), name=self.name)
-        self.n += 1
+    def update(self, value, samples):
+        both = torch.stack([value.detach().cpu().double() * samples, torch.tensor(float(samples), dtype=torch.float64)])
+        total, count = hvd.allreduce(both, op=hvd.Sum, name=self.name)
+        self.sum += total
+        self.n += count
 
     @property
     def avg(self):
@@ -148,7 +151,13 @@ def adjust_learning_rate(epoch, batch_idx, steps_per_epoch):
 
 
 def checkpoint_path(epoch, partial=False):
-    return args.checkpoint_format.format(epoch=f"{epoch}-partial" if partial else epoch)
+    """The epoch's checkpoint, or its partial one: ``-partial`` before the file's extensions."""
+    path = args.checkpoint_format.format(epoch=epoch)
+    if not partial:
+        return path
+    folder, name = os.path.split(path)
+    stem, dot, extensions = name.partition(".")
+    return os.path.join(folder, f"{stem}-partial{dot}{extensions}")
 
 
 def save_checkpoint(epoch, step=None):
@@ -158,7 +167,8 @@ def save_checkpoint(epoch, step=None):
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
     path = checkpoint_path(epoch + 1)
     if step is not None:
-        state.update(step=step, sampler=train_sampler.state_dict(consumed=step * allreduce_batch_size))
+        state.update(step=step, sampler=train_sampler.state_dict(consumed=step * allreduce_batch_size),
+                     resume={"data": args.data, "allreduce_batch_size": allreduce_batch_size, "size": hvd.size()})
         path = checkpoint_path(epoch + 1, partial=True)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     torch.save(state, path + ".tmp")
@@ -199,7 +209,7 @@ def train(epoch, first_step=0):
             for i in range(0, len(data), args.batch_size):    # sub-batches, gradients averaged over them
                 output = model(data[i:i + args.batch_size])
                 loss = F.cross_entropy(output, target[i:i + args.batch_size])
-                outputs.append((output.detach(), loss.detach()))
+                outputs.append((output.detach(), loss.detach().clone()))   # div_ below scales loss in place
                 loss.div_(math.ceil(float(len(data)) / args.batch_size))
                 loss.backward()
             timer.lap("forward_backward")
@@ -209,8 +219,8 @@ def train(epoch, first_step=0):
                 optimizer.step()
             timer.lap("optimizer")
             for i, (output, loss) in zip(range(0, len(data), args.batch_size), outputs):
-                train_accuracy.update(accuracy(output, target[i:i + args.batch_size]))
-                train_loss.update(loss)
+                train_accuracy.update(accuracy(output, target[i:i + args.batch_size]), len(output))
+                train_loss.update(loss, len(output))
             images += len(data)
             t.set_postfix({"loss": train_loss.avg.item(), "accuracy": 100. * train_accuracy.avg.item()}, refresh=False)
             t.update(1)
@@ -246,8 +256,8 @@ def validate(epoch):
                 if args.cuda:
                     data, target = data.cuda(non_blocking=True), target.cuda(non_blocking=True)
                 output = model(data)
-                val_loss.update(F.cross_entropy(output, target))
-                val_accuracy.update(accuracy(output, target))
+                val_loss.update(F.cross_entropy(output, target), len(output))
+                val_accuracy.update(accuracy(output, target), len(output))
                 t.set_postfix({"loss": val_loss.avg.item(), "accuracy": 100. * val_accuracy.avg.item()}, refresh=False)
                 t.update(1)
     return {"val_loss": val_loss.avg.item(), "val_accuracy": val_accuracy.avg.item()}
@@ -284,6 +294,9 @@ def log_epoch(record):
 
 if __name__ == "__main__":
     args = parser.parse_args()
+    if args.checkpoint_format.format(epoch=1) == args.checkpoint_format.format(epoch=2):
+        parser.error(f"--checkpoint-format {args.checkpoint_format!r} names every epoch's checkpoint alike; "
+                     "it needs {epoch}")
     args.cuda = not args.no_cuda and torch.cuda.is_available()
     allreduce_batch_size = args.batch_size * args.batches_per_allreduce
 
@@ -324,6 +337,9 @@ if __name__ == "__main__":
         # a second instead of importing torch again (docs/e2e.md, "The epoch's first step").
         mp.set_forkserver_preload(["torch"] + sorted({type(o).__module__ for o in (
             train_dataset, val_dataset, train_transform, val_transform)}))
+    if list(val_dataset.classes) != list(train_dataset.classes):   # labels would mean other classes
+        raise SystemExit(f"the validation set's classes ({len(val_dataset.classes)}, from {args.val_dir}) are not "
+                         f"the training set's ({len(train_dataset.classes)}, from {args.train_dir})")
     data_open_s = hvd.allgather_object(time.perf_counter() - opened, name="data_open")   # per rank: scan or load
     if not hasattr(train_sampler, "state_dict"):     # a stock sampler keeps no position within an epoch
         train_sampler = ResumableSampler(train_sampler)
@@ -354,8 +370,13 @@ if __name__ == "__main__":
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
     if partial:   # every rank resumes the sampler where rank 0's checkpoint left it
-        sampler_state, first_step = hvd.broadcast_object(
-            (checkpoint["sampler"], checkpoint["step"]) if hvd.rank() == 0 else None, root_rank=0, name="sampler")
+        sampler_state, first_step, saved = hvd.broadcast_object(
+            (checkpoint["sampler"], checkpoint["step"], checkpoint.get("resume")) if hvd.rank() == 0 else None,
+            root_rank=0, name="sampler")
+        now = {"data": args.data, "allreduce_batch_size": allreduce_batch_size, "size": hvd.size()}
+        if saved != now:   # the step and the sampler's position would not mean the same samples
+            raise SystemExit(f"cannot resume {partial} within its epoch: it was saved with {saved}, this job has "
+                             f"{now}; rerun with the saved settings, or remove it to resume from the epoch's start")
         train_sampler.load_state_dict(sampler_state)
     # Optimizer state first: a rank without the checkpoint's state takes a zero-gradient step to create
     # it, which with weight decay moves its parameters; the parameters' broadcast then undoes that.

@@ -22,12 +22,17 @@ def tree(tmp_path_factory):
     return root
 
 
-def train(tree, out, *args, env=None):
-    """Run the example at 2 ranks (a small CNN on 32 px crops); its metrics.json."""
-    result = mpi_job(2, EXAMPLE, "--train-dir", tree / "train", "--val-dir", tree / "val", "--arch", "small_cnn",
-                     "--image-size", 32, "--batch-size", 8, "--threads", 1, "--log-dir", out,
-                     "--checkpoint-format", f"{out}/checkpoint-{{epoch}}.pt", *args,
-                     env={"MCALLREDUCE_DATA_PROGRESS": "0", **(env or OFF)}, timeout=300)
+def run(tree, out, *args, env=None, val="val", checkpoints="checkpoint-{epoch}.pt"):
+    """Run the example at 2 ranks (a small CNN on 32 px crops)."""
+    return mpi_job(2, EXAMPLE, "--train-dir", tree / "train", "--val-dir", tree / val, "--arch", "small_cnn",
+                   "--image-size", 32, "--batch-size", 8, "--threads", 1, "--log-dir", out,
+                   "--checkpoint-format", f"{out}/{checkpoints}", *args,
+                   env={"MCALLREDUCE_DATA_PROGRESS": "0", **(env or OFF)}, timeout=300)
+
+
+def train(tree, out, *args, env=None, **where):
+    """Run the example at 2 ranks; its metrics.json."""
+    result = run(tree, out, *args, env=env, **where)
     assert result.returncode == 0, explain(result)
     path = out / "metrics.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -127,3 +132,41 @@ def test_the_accuracy_bench_reports_every_arm(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| memory-global | plugin |" in table and "+-" in table
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_metrics_weigh_every_sample_alike(tree, tmp_path):
+    # the model frozen (a zero learning rate), so every arrangement of the same samples scores the same:
+    # the train loss was once recorded after its division by --batches-per-allreduce, and a short last
+    # validation batch counted as much as a full one
+    frozen = ("--data", "folder", "--epochs", 1, "--workers", 0, "--base-lr", 0, "--warmup-epochs", 0)
+    one = train(tree, tmp_path / "one", *frozen, "--batch-size", 4, "--val-batch-size", 4)["epochs"][0]
+    two = train(tree, tmp_path / "two", *frozen, "--batch-size", 4, "--batches-per-allreduce", 2,
+                "--val-batch-size", 6)["epochs"][0]     # the same forward passes, so batch norm's statistics too
+    assert one["train_loss"] == pytest.approx(two["train_loss"], rel=1e-5)
+    assert one["val_loss"] == pytest.approx(two["val_loss"], rel=1e-5)
+    assert one["val_accuracy"] == pytest.approx(two["val_accuracy"], abs=1e-6)   # float32 batch means
+    assert round(one["val_accuracy"] * 20, 6).is_integer()     # a count out of the 20 validation images
+
+
+def test_a_checkpoint_name_takes_a_format_spec_and_needs_the_epoch(tree, tmp_path):
+    train(tree, tmp_path, "--data", "folder", "--epochs", 1, "--workers", 0, "--checkpoint-steps", 1,
+          "--stop-after-steps", 2, checkpoints="ckpt-{epoch:03d}.pth.tar")
+    assert (tmp_path / "ckpt-001-partial.pth.tar").exists()
+    result = run(tree, tmp_path, "--data", "folder", "--epochs", 1, checkpoints="ckpt.pt")
+    assert result.returncode != 0 and "needs {epoch}" in result.stderr, explain(result)
+
+
+def test_a_validation_set_of_other_classes_is_refused(tree, tmp_path):
+    import shutil
+    shutil.copytree(tree / "val", tmp_path / "val")
+    shutil.rmtree(sorted((tmp_path / "val").iterdir())[0])
+    result = mpi_job(2, EXAMPLE, "--train-dir", tree / "train", "--val-dir", tmp_path / "val", "--arch", "small_cnn",
+                     "--image-size", 32, "--epochs", 1, "--threads", 1, env=OFF, timeout=120)
+    assert result.returncode != 0 and "are not the training set's" in result.stderr, explain(result)
+
+
+def test_a_mid_epoch_resume_with_another_batch_size_is_refused(tree, tmp_path):
+    args = ("--data", "memory", "--epochs", 1, "--workers", 0, "--checkpoint-steps", 1)
+    train(tree, tmp_path, *args, "--stop-after-steps", 1)
+    result = run(tree, tmp_path, *args, "--batch-size", 4)
+    assert result.returncode != 0 and "cannot resume" in result.stderr, explain(result)
