@@ -171,7 +171,10 @@ def save_checkpoint(epoch, step=None):
                      resume={"data": args.data, "allreduce_batch_size": allreduce_batch_size, "size": hvd.size()})
         path = checkpoint_path(epoch + 1, partial=True)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    torch.save(state, path + ".tmp")
+    with open(path + ".tmp", "wb") as f:   # on disk before its name: a crash leaves the old file or the new
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
     if step is None and os.path.exists(checkpoint_path(epoch + 1, partial=True)):
         os.remove(checkpoint_path(epoch + 1, partial=True))    # the whole epoch supersedes it
@@ -289,6 +292,8 @@ def log_epoch(record):
         with open(path + ".tmp", "w") as f:
             json.dump({"args": vars(args), "size": hvd.size(), "data_open_s": data_open_s, "epochs": history}, f,
                       indent=1)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
 
 
