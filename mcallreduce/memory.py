@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from . import shared_stage as _stage
 from .hostlayout import all_on_one_host
-from .metadata import DTYPE_CODE, DTYPES
+from .check import DTYPE_CODE, DTYPES
 
 __all__ = ["as_array", "SharedWindow"]
 

@@ -26,7 +26,7 @@ from .engine import MAX_SCHEDULE_TAGS, TAG_SPAN, Engine, Handle
 from .gpu import Staging, StagingError, is_gpu_buffer
 from .lowering import EARLY_MAX_BYTES, early_steps, lower
 from .memory import SharedWindow, as_array
-from .metadata import DTYPE_CODE, DTYPES, FIELDS, OP_CODE, REJECT_BUFFER, REJECT_CONFIG, mismatch, vector
+from .check import DTYPE_CODE, DTYPES, FIELDS, OP_CODE, REJECT_BUFFER, REJECT_CONFIG, mismatch, vector
 from .policy import ALGORITHMS, ROUTES, fused_with_check, measured_nonblocking, resolve
 from .schedule import Schedule
 

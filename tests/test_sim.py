@@ -338,10 +338,10 @@ def test_the_sweep_names_the_autogroups_it_ran_with():
 
 
 def test_the_modelled_check_is_the_runtimes_vector():
-    from mcallreduce import metadata
+    from mcallreduce import check
     from mcallreduce.sim import predict
-    sent = metadata.vector(0, 0, (0,) * len(metadata.FIELDS))
-    assert predict.CHECK_BYTES == sent.nbytes == metadata.VECTOR_BYTES
+    sent = check.vector(0, 0, (0,) * len(check.FIELDS))
+    assert predict.CHECK_BYTES == sent.nbytes == check.VECTOR_BYTES
 
 
 def test_a_doubling_call_reduced_along_its_check_is_not_charged_the_check_twice():

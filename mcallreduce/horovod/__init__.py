@@ -12,6 +12,13 @@ Three ways in (the variables that switch each on: mcallreduce/config.py and docs
 
 Nothing here imports torch, Horovod or mpi4py: the startup hook loads this package in every
 process where ``MCALLREDUCE_HOROVOD`` or ``MCALLREDUCE_ALGORITHM`` is set.
+
+Its modules, in the order a call meets them: ``startup`` (the hook), ``torch`` (the one-line
+import), ``patch`` (what changes in ``horovod.torch``; init and shutdown), ``mpi_lib_proxy``
+(Horovod's allreduce entry points, routed or handed to stock), ``router`` (routed calls and
+their handles), ``companion`` (the tensor-level metadata check beside each call), ``bucketing``
+(the DistributedOptimizer's gradient buckets), ``join`` (hvd.join), ``timeline`` (a Chrome
+trace of routed calls) and ``state`` (counters, warnings, the stock bypass).
 """
 from .state import stats, stock_horovod
 

@@ -27,13 +27,13 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .. import metadata
+from .. import check
 
 _MAX56 = (1 << 56) - 1
 #: the dtypes routed calls carry: the engine's, with its codes
-DTYPE_CODE = {getattr(torch, dtype.name): code for dtype, code in metadata.DTYPE_CODE.items()}
+DTYPE_CODE = {getattr(torch, dtype.name): code for dtype, code in check.DTYPE_CODE.items()}
 _DTYPE_OF = {code: dtype for dtype, code in DTYPE_CODE.items()}
-_OP_CODE = {op: metadata.OP_CODE[op] for op in ("sum", "average")}    # the ops Horovod routes here
+_OP_CODE = {op: check.OP_CODE[op] for op in ("sum", "average")}    # the ops Horovod routes here
 _OP_OF = {code: op for op, code in _OP_CODE.items()}
 MAX_PARTS = len(DTYPE_CODE)     # engine calls per routed allreduce: one per dtype at most
 _HEAD = ("joined", "name", "shape", "op", "number of dtypes",
@@ -72,7 +72,7 @@ def metadata_vector(name: str, shapes: str, op: str, prescale: float, postscale:
               *_float_fields(prescale), *_float_fields(postscale)]
     for i in range(MAX_PARTS):
         fields += [buffers[i].numel(), DTYPE_CODE[buffers[i].dtype]] if i < len(buffers) else [0, 0]
-    return metadata.min_max_vector(fields)
+    return check.min_max_vector(fields)
 
 
 def joined_vector() -> np.ndarray:
@@ -84,7 +84,7 @@ def joined_vector() -> np.ndarray:
 
 def mismatch(result: np.ndarray) -> Optional[str]:
     """The first field on which the ranks that have not joined disagree, or None."""
-    high, low = metadata.bounds(result)
+    high, low = check.bounds(result)
     for i in range(1, len(_FIELDS)):
         if high[i] != low[i]:
             return _FIELDS[i]
@@ -94,7 +94,7 @@ def mismatch(result: np.ndarray) -> Optional[str]:
 def next_call(result: np.ndarray) -> Optional[Tuple[str, float, float, List[Tuple[int, torch.dtype]]]]:
     """A joined rank's reading of a round: None when every rank sent the joined marker, else
     the working ranks' next routed allreduce as (op, prescale, postscale, [(count, dtype)])."""
-    high, low = metadata.bounds(result)
+    high, low = check.bounds(result)
     if low[0] == 1:
         return None
     op = _OP_OF.get(int(high[3]), "sum")

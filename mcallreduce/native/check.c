@@ -12,7 +12,7 @@
  * messages, see the difference and raise instead of hanging; a fused call's data is reduced
  * only while both sides agree, into a copy, and reaches the user's buffer only once every rank
  * agreed. The MAX over [x, -x] equals this rank's vector exactly when every rank sent the same
- * (mcallreduce/metadata.py). Both partners of an exchange combine the lower rank's data as the
+ * (mcallreduce/check.py). Both partners of an exchange combine the lower rank's data as the
  * left operand, so every rank computes bitwise the same result.
  *
  * A fused halving call (Rabenseifner's, for messages where doubling's whole-buffer exchanges

@@ -23,7 +23,7 @@ enum { KIND_CHECK_ONLY = 0, KIND_SCHEDULE = 1, KIND_MPI = 2, KIND_SHARED = 3, KI
 #define MPI_COLLECTIVE(kind) ((kind) == KIND_MPI || (kind) == KIND_MPI_RING)
 /* from this many ranks MPI_Iallreduce sends from a copy (collective.c): libnbc's reduce-scatter */
 #define MPI_SEND_COPY_RANKS 4
-/* The metadata vector's last slot of each half (mcallreduce/metadata.py): MAX-reduced by the
+/* The metadata vector's last slot of each half (mcallreduce/check.py): MAX-reduced by the
  * check, never compared. An MPI collective's first is 1 where this rank cannot wait for it
  * alone; the second is 1 where this rank sent data before the check (early.c). */
 #define AGREED_SLOT(r) ((r)->nmeta / 2 - 1)

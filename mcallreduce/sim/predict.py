@@ -4,7 +4,7 @@
 with :func:`mcallreduce.policy.resolve` (as the runtime does for an environment without
 ``MCALLREDUCE_*`` overrides) unless ``params`` is given, build the runtime's schedule
 and play it; with ``check`` (the runtime's default) the metadata check, a
-recursive doubling of :data:`mcallreduce.metadata.VECTOR_BYTES`, gates every step but the schedule's
+recursive doubling of :data:`mcallreduce.check.VECTOR_BYTES`, gates every step but the schedule's
 early ones, which travel with it (native/early.c); a doubling or halving call small enough to be
 reduced along its own check (:func:`mcallreduce.policy.fused_with_check`) has no check of its own,
 and MPI's own allreduce runs after it. "mpi" is Open MPI 4.1's default
@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 from ..algorithms import SCHEDULED, Params, build_schedule
 from ..config import ALGORITHMS as RUNTIME_ALGORITHMS
 from ..lowering import EARLY_MAX_BYTES, early_steps
-from ..metadata import VECTOR_BYTES
+from ..check import VECTOR_BYTES
 from ..policy import fused_with_check
 from ..schedule import Schedule
 from .model import ClusterModel

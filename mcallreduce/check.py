@@ -1,4 +1,5 @@
-"""The cross-rank metadata check: the vector every rank sends, and the error it turns into.
+"""The cross-rank metadata check: the vector every rank sends, and the error it turns into
+(the executor exchanges it: native/check.c).
 
 Every call carries a vector of its element count, dtype, algorithm, op and schedule
 parameters. The check reduces ``[fields, -fields]`` with MAX, which gives every field's
