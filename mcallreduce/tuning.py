@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
 from .algorithms import Params
-from .config import MPI_ALGORITHMS
+from .config import ALGORITHMS, MPI_ALGORITHMS
+from .errors import ConfigError
 
 __all__ = ["BUILTIN_TABLE", "NONBLOCKING_SECTION", "layout_name", "has_nonblocking_rows", "lookup"]
 
@@ -43,9 +44,32 @@ def _tables(path: str, section: str = "tables") -> Dict:
 @lru_cache(maxsize=8)
 def _read_table(path: str, mtime_ns: int, size: int) -> Dict:
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        table = json.loads(Path(path).read_text())
+    except OSError:
         return {}
+    except ValueError as exc:
+        raise ConfigError(f"mcallreduce: tuning table {path} is not JSON ({exc})") from exc
+    _check_table(path, table)
+    return table
+
+
+def _check_table(path: str, table) -> None:
+    """A table that would be misread raises, naming the file, rather than being followed in part."""
+    def bad(what):
+        return ConfigError(f"mcallreduce: tuning table {path}: {what} (python -m mcallreduce.bench tune writes one)")
+    if not isinstance(table, dict):
+        raise bad("not a JSON object")
+    for section in ("tables", NONBLOCKING_SECTION):
+        layouts = table.get(section, {})
+        if not isinstance(layouts, dict) or not all(isinstance(rows, list) for rows in layouts.values()):
+            raise bad(f'"{section}" is not an object of row lists')
+        for layout, rows in layouts.items():
+            for row in rows:
+                if not isinstance(row, dict) or not isinstance(row.get("size_bytes"), int):
+                    raise bad(f"{layout}: a row without an integer size_bytes: {row!r}")
+                for part in (row, row.get("instead", {})):
+                    if not isinstance(part, dict) or part.get("algorithm", "multicolor") not in ALGORITHMS:
+                        raise bad(f"{layout}: a row that names no algorithm of {', '.join(ALGORITHMS)}: {part!r}")
 
 
 def layout_name(hosts: Sequence[Sequence[int]]) -> str:

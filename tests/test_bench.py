@@ -27,6 +27,7 @@ def test_bench_table_json_and_plot(tmp_path):
     assert record["argv"][:4] == ["python", "-m", "mcallreduce.bench", "--sizes"]   # as typed, no local path
     assert record["started"] <= record["finished"] and record["finished"].endswith(" UTC")   # when, and where
     assert record["machine"]["cores"] == os.cpu_count() and record["cluster"] is None    # not on the emulated cluster
+    assert record["mpi"].startswith("Open MPI") and isinstance(record["environment"], dict)
     records = record["records"]
     assert {rec["algorithm"] for rec in records} == {"multicolor", "ring", "mpi", "mpi-ring"}
     for rec in records:
@@ -58,8 +59,10 @@ def test_nonblocking_calls_time_every_arm_and_check_its_result(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "nonblocking calls" in r.stdout
     records = json.loads(out.read_text())["records"]
-    assert {rec["algorithm"] for rec in records} == {"multicolor", "ring", "mpi", "mpi-ring"}
-    assert all(rec["correct"] is True and rec["calls"] == "nonblocking" for rec in records), records
+    # Open MPI's forced ring binds blocking calls only: a nonblocking mpi-ring arm would time mpi again
+    assert {rec["algorithm"] for rec in records if "skipped" not in rec} == {"multicolor", "ring", "mpi"}
+    assert all("libnbc" in rec["skipped"] for rec in records if rec["algorithm"] == "mpi-ring")
+    assert all(rec["correct"] is True and rec["calls"] == "nonblocking" for rec in records if "skipped" not in rec)
     r = rejected("--nonblocking", "--buffers", "cuda")
     assert r.returncode != 0 and "--nonblocking times cpu buffers only" in r.stderr
 
@@ -243,3 +246,22 @@ def test_a_goals_figure_is_its_ratio_in_one_job_and_its_verdict_counts_the_jobs(
     text = table([{"layout": "4h10g", "goal": "best", "target": 1.0, "at_most": False, "figures": [1.25],
                    "met": "yes"}])
     assert text.splitlines()[-1] == "| 4h10g | best | >= 1 | 1.250 | yes |"
+
+
+def test_bench_rejects_what_it_cannot_time_and_goes_on_where_nothing_runs():
+    for args, says in ((("--sizes", ","), "at least one value"), (("--algorithms", ""), "at least one value"),
+                       (("--sizes", "5X"), "is not a size"), (("--seconds", "0"), "--seconds more than 0"),
+                       (("--min-iters", "0"), "--min-iters 1 or more")):
+        r = rejected(*args)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    # MPI has no float16: every arm of the size is skipped, and the run still ends with its table
+    r = run(1, [sys.executable, "-m", "mcallreduce.bench", "--sizes", "4K", "--algorithms", "mpi",
+                "--dtype", "float16", "--quiet"], timeout=60)
+    assert r.returncode == 0 and "skipped: MPI has no float16 type" in r.stdout, r.stdout + r.stderr
+
+
+def test_goals_without_jobs_are_not_measured_rather_than_met():
+    from mcallreduce.bench.goals import Goal, main, verdict
+    assert verdict(Goal("g", "main", "64K", "best-mpi", "multicolor", "time_s", 1.0), []) == "not measured"
+    with pytest.raises(SystemExit):
+        main(["--layouts", "1h2r", "--jobs", "0"])

@@ -1,7 +1,9 @@
 """The selection policy without MPI: a tuning table's size -> algorithm rows are what resolve picks."""
 import json
 
-from mcallreduce.config import Config
+import pytest
+
+from mcallreduce.config import Config, ConfigError
 from mcallreduce.policy import BUILTIN_TABLE, resolve
 
 
@@ -182,3 +184,17 @@ def test_a_call_mpi_cannot_serve_takes_the_rows_fastest_other_candidate(tmp_path
     times = {"multicolor": 2.0, "multicolor-1M": 1.5, "ring": 1.6, "mpi": 1.0, "mpi-ring": 1.1}
     assert choose_ours(times, margin=0.03) == "multicolor-1M"
     assert choose_ours({**times, "multicolor": 1.52}, margin=0.03) == "multicolor"
+
+
+@pytest.mark.parametrize("text, says", [('{"tables": {"1h2r": [', "not JSON"), ("[]", "not a JSON object"),
+                                        ('{"tables": {"1h2r": [{"algorithm": "ring"}]}}', "size_bytes"),
+                                        ('{"tables": {"1h2r": [{"size_bytes": 4096, "algorithm": "bogus"}]}}', "bogus"),
+                                        ('{"tables": {"1h2r": [{"size_bytes": 4096, "algorithm": "mpi", '
+                                         '"instead": {"algorithm": "nope"}}]}}', "nope")])
+def test_a_table_that_would_be_misread_raises_naming_its_file(tmp_path, text, says):
+    # it was once followed in part, or ignored for the rules, or failed with a bare KeyError
+    path = tmp_path / "table.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=says) as error:
+        resolve(Config(tuning_file=str(path)), 4096, 4, [[0, 1]])
+    assert str(path) in str(error.value)

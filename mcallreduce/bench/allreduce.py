@@ -3,8 +3,9 @@
     python -m mcallreduce.launch -np 2 -- python -m mcallreduce.bench --sizes 4K,1M,64M
 
 Per size: each algorithm is checked and warmed up, then timed iterations run
-the algorithms in turn (a, b, c, a, b, c, ...), so background load on a shared
-machine affects them alike. An iteration's time is the slowest rank's (a
+the algorithms in turn, each iteration in one of a balanced set of orders in which every
+algorithm follows every other equally often, so background load on a shared machine
+affects them alike. An iteration's time is the slowest rank's (a
 collective is done when its last rank is); the table shows the median. algbw = size / time, busbw = algbw * 2(p-1)/p (nccl-tests), so busbw
 can be compared with a link's bandwidth whatever the number of ranks. Every
 size is verified against the exact sum of integer-valued data. ``cpu_s`` is the CPU
@@ -27,7 +28,7 @@ from ..config import ALGORITHMS
 from ..units import format_size, parse_size
 from .output import command, pyplot, save_png, write_json
 from .provenance import provenance, utc_now
-from .timing import interleaved, iterations
+from .timing import carryover_balanced, interleaved, iterations
 
 DEFAULT_ALGORITHMS = "multicolor,ring,mpi,mpi-ring"
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"
@@ -44,7 +45,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="float32", choices=["float16", "float32", "float64", "int32", "int64"])
     ap.add_argument("--warmup", type=int, default=2, help="untimed iterations per size (default 2)")
     ap.add_argument("--iters", type=int, default=0,
-                    help="timed iterations per size; 0 = about --seconds worth, between --min-iters and 200")
+                    help="timed iterations per size; 0 = about --seconds worth, between --min-iters and 200 "
+                         "(either rounded up to whole rounds of the arms' orders)")
     ap.add_argument("--min-iters", type=int, default=3,
                     help="with --iters 0: at least this many timed iterations per size (default 3)")
     ap.add_argument("--seconds", type=float, default=0.5, help="time budget per (size, algorithm) when --iters is 0")
@@ -61,8 +63,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     ap.add_argument("--label", default="", help="free text stored in the JSON (e.g. the machine)")
     ns = ap.parse_args(argv)
-    ns.sizes = [parse_size(s, "--sizes") for s in ns.sizes.split(",") if s]
+    try:
+        ns.sizes = [parse_size(s, "--sizes") for s in ns.sizes.split(",") if s]
+    except ValueError as exc:
+        ap.error(str(exc))
     ns.algorithms = [a.strip() for a in ns.algorithms.split(",") if a.strip()]
+    if not ns.sizes or not ns.algorithms:
+        ap.error("--sizes and --algorithms each need at least one value")
+    if ns.warmup < 0 or ns.iters < 0 or ns.min_iters < 1 or ns.seconds <= 0:
+        ap.error("--warmup and --iters take 0 or more, --min-iters 1 or more, --seconds more than 0")
     ns.buffers = [b.strip() for b in ns.buffers.split(",") if b.strip()]
     if not ns.buffers or set(ns.buffers) - {"cpu", "cuda"}:
         ap.error(f"--buffers takes cpu and/or cuda, got {','.join(ns.buffers)!r}")
@@ -105,6 +114,8 @@ class Runner:
         """None, or why the algorithm cannot run here."""
         if algorithm.startswith("mpi") and self.MPI._typedict.get(dtype.char) is None:
             return f"MPI has no {dtype.name} type"
+        if algorithm == "mpi-ring" and self.ns.nonblocking:
+            return "MPI_Iallreduce is libnbc's own choice: the same call as mpi (docs/algorithms.md, \"mpi-ring\")"
         if algorithm == "mpi-ring" and self.ring_comm is None:
             return "needs Open MPI with MPI_T (and OMPI_MCA_coll_tuned_use_dynamic_rules=1 before MPI_Init)"
         return None
@@ -162,7 +173,9 @@ def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Nam
             arm()
     iters = ns.iters
     if iters <= 0:   # ns.seconds per algorithm
-        iters = iterations(comm, arms, ns.seconds * len(arms), ns.min_iters, cap=200)
+        iters = iterations(comm, arms, ns.seconds * len(arms), ns.min_iters, cap=max(200, ns.min_iters))
+    orders = len(carryover_balanced(len(arms)))
+    iters = -(-iters // orders) * orders   # whole rounds of orders: each arm follows every other equally often
     slowest, cpu = interleaved(comm, arms, iters, reset)
     cpu_mean = np.empty(len(names))
     comm.Allreduce(np.median(cpu, axis=0), cpu_mean, op=MPI.SUM)
@@ -174,7 +187,7 @@ def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Nam
         records.append({"algorithm": algorithm, "size_bytes": int(count * dtype.itemsize), "count": int(count),
                         "dtype": dtype.name, "ranks": p, "iters": iters, "time_s": t,
                         "time_min_s": float(slowest[:, j].min()), "algbw_Bps": algbw,
-                        "busbw_Bps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "cpu_s": float(cpu_mean[j]),
+                        "busbw_Bps": algbw * 2 * (p - 1) / p, "cpu_s": float(cpu_mean[j]),   # 0 at one rank, as nccl-tests
                         "buffer": kind, "calls": "nonblocking" if ns.nonblocking else "blocking",
                         "correct": correct[algorithm, kind]})
     return records
@@ -261,7 +274,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 records.append({"algorithm": algorithm, "size_bytes": size, "skipped": why})
             else:
                 runnable.append(algorithm)
-        for rec in measure_size(run, runnable, size, ns):
+        for rec in measure_size(run, runnable, size, ns) if runnable else ():
             rec["hosts"] = len(hosts)
             records.append(rec)
     if rank == 0:
@@ -272,6 +285,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         failed = [r for r in records if r.get("correct") is False]
         if ns.json:
             write_json(ns.json, {"title": title, "label": ns.label, "argv": command(), "hosts": hosts,
+                                 "mpi": MPI.Get_library_version().replace(chr(0), "").splitlines()[0].strip(),
+                                 "environment": {k: v for k, v in sorted(os.environ.items())
+                                                 if k.startswith(("MCALLREDUCE_", "OMPI_MCA_"))},
                                  **provenance(started), "records": records})
         if ns.plot:
             os.makedirs(os.path.dirname(os.path.abspath(ns.plot)), exist_ok=True)

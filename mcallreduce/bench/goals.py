@@ -111,6 +111,8 @@ def figure(goal: Goal, records: List[dict], link_Bps: Optional[float], stream_Bp
 
 def verdict(goal: Goal, figures: Sequence[float]) -> str:
     """yes (every job meets it), no (its median misses), or in how many jobs it was met."""
+    if not figures:
+        return "not measured"
     if all(goal.met(f) for f in figures):
         return "yes"
     if not goal.met(statistics.median(figures)):
@@ -193,6 +195,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         names = named(ns.layouts, tuple(LAYOUTS), "layout")
     except ValueError as exc:
         parser.error(str(exc))
+    if not names or ns.jobs < 1:
+        parser.error("--layouts needs at least one layout, and --jobs 1 or more")
     if any(LAYOUTS[n].cluster for n in names) and os.geteuid() != 0:
         parser.error("the emulated cluster's layouts need root (network namespaces)")
     record = {"argv": subcommand_command("goals", argv), "started": utc_now(), "layouts": {}}

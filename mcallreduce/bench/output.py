@@ -30,9 +30,11 @@ def save_png(fig, path, dpi: int = 110) -> None:
 def write_text(path, text: str, mode: Optional[int] = None) -> None:
     """``text`` at ``path`` (a str or a Path) through a temporary file; ``mode``: its permissions."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp"
+    tmp = f"{path}.tmp.{os.getpid()}"   # two writers of one path never share a temporary file
     with open(tmp, "w") as f:
         f.write(text)
+        f.flush()
+        os.fsync(f.fileno())   # on disk before the name: a crash leaves the old file or the new
     if mode is not None:
         os.chmod(tmp, mode)
     os.replace(tmp, path)

@@ -21,7 +21,7 @@ from .store import ImageStore, check_memory_budget
 
 
 @dataclass
-class Plan:
+class ExchangePlan:
     ids: np.ndarray      # foreign (sample, destination rank) pairs ...
     dest: np.ndarray
     sender: np.ndarray
@@ -33,7 +33,7 @@ class Plan:
         return int(self.sizes.sum())
 
 
-def make_plan(store: ImageStore, assignment: np.ndarray, round_bytes: int) -> Plan:
+def make_plan(store: ImageStore, assignment: np.ndarray, round_bytes: int) -> ExchangePlan:
     """Every (sample, rank) pair of ``assignment`` (ranks x samples) whose rank's host lacks the sample."""
     layout = store.layout
     n_total = store.num_samples
@@ -52,7 +52,7 @@ def make_plan(store: ImageStore, assignment: np.ndarray, round_bytes: int) -> Pl
         table[h, :ranks_per_host[h]] = layout.ranks_of(h)
     sender = table[src_host, ids % ranks_per_host[src_host]]
     sizes = store.offsets[ids + 1] - store.offsets[ids]
-    return Plan(ids, dest, sender, sizes, count_rounds(ids, sender, dest, sizes, world_size, round_bytes))
+    return ExchangePlan(ids, dest, sender, sizes, count_rounds(ids, sender, dest, sizes, world_size, round_bytes))
 
 
 def busiest_round(ids, sender, dest, sizes, world_size: int, rounds: int) -> int:
@@ -72,7 +72,7 @@ def count_rounds(ids, sender, dest, sizes, world_size: int, round_bytes: int) ->
     return rounds
 
 
-def exchange_epoch(store: ImageStore, assignment: np.ndarray) -> Plan:
+def exchange_epoch(store: ImageStore, assignment: np.ndarray) -> ExchangePlan:
     """Collective over all ranks: fetch this rank's foreign samples for the epoch into the store's cache."""
     plan = make_plan(store, assignment, settings.exchange_round_bytes())
     world = store.world
