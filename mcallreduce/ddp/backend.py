@@ -75,6 +75,11 @@ class _Work(dist.Work):
         return True
 
     def is_completed(self) -> bool:
+        if self._handle is not None and not self._future.done():
+            try:
+                self._handle.test()   # progresses it where no thread does
+            except Exception:   # noqa: BLE001  (the future carries the error)
+                pass
         return self._future.done()
 
     def get_future(self) -> torch.futures.Future:
@@ -135,13 +140,22 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
             runtime.start_progress_thread(self._comm)
         self._threaded = context.engine.threaded
         self._in_flight = InFlight()
+        self._context = context
+
+    def shutdown(self) -> None:
+        """destroy_process_group(): the group's engine stops (its threads end; the peers get its goodbye)."""
+        self._finish_allreduces()
+        self._context.close()
 
     def getBackendName(self) -> str:   # noqa: N802  (torch's name)
         return BACKEND
 
     # ------------------------------------------------------------------ implemented
-    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
-        reduce_op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+    # Each takes ProcessGroup's shorthand forms too (a bare tensor, an op, a root rank), as DDP
+    # itself calls ``allreduce(tensor)`` to match unused parameters under join().
+    def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
+        reduce_op = getattr(opts, "reduceOp", opts) if opts is not None else dist.ReduceOp.SUM
         kind = getattr(reduce_op, "op", reduce_op)   # a ReduceOp wraps its RedOpType
         op = _OPS.get(kind)
         if op is None:
@@ -160,15 +174,17 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         return _Work(handle, future_for(handle, [tensor], finish),
                      None if self._threaded else self._finish_at_end_of_backward)
 
-    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
-        root = opts.rootRank if opts is not None else 0
+    def broadcast(self, tensors: Any, opts: Any = None) -> dist.Work:
+        tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
+        root = opts if isinstance(opts, int) else opts.rootRank if opts is not None else 0
         self._finish_allreduces()
         for tensor in tensors:
             self._side.Bcast(_bytes(tensor), root=root)
         return _done(tensors)
 
-    def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
-                  opts: Any = None) -> dist.Work:
+    def allgather(self, output_tensors: List, input_tensors: Any, opts: Any = None) -> dist.Work:
+        if isinstance(input_tensors, torch.Tensor):   # allgather(outputs, tensor)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
         self._finish_allreduces()
         for outputs, tensor in zip(output_tensors, input_tensors):
             mine = _bytes(tensor)
@@ -200,6 +216,9 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
 _REFUSED = {
     "reduce": "reduce", "gather": "gather", "scatter": "scatter", "reduce_scatter": "reduce_scatter",
     "_reduce_scatter_base": "reduce_scatter_tensor", "_allgather_base": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_single", "reduce_scatter_single": "reduce_scatter_single",
+    "all_gather_single_coalesced": "all_gather_single", "reduce_scatter_single_coalesced": "reduce_scatter_single",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor", "all_to_all_single": "all_to_all_single",
     "allgather_coalesced": "allgather_coalesced", "allgather_into_tensor_coalesced": "allgather_into_tensor_coalesced",
     "allreduce_coalesced": "allreduce_coalesced", "alltoall": "all_to_all", "alltoall_base": "all_to_all_single",
     "send": "send", "recv": "recv", "recv_anysource": "recv_anysource", "monitored_barrier": "monitored_barrier",

@@ -67,7 +67,10 @@ class MulticolorHookState:
         future = future_for(handle, tensor, finish)
         if not self.threaded:
             self._poll_from(bucket.parameters())
-            self._drive(handle, bucket.is_last())
+            # outside a node of backward (DDP's first static-graph step reduces every bucket from its
+            # end-of-backward callback, each "not last", then waits): finish each one now
+            node = getattr(torch._C, "_current_autograd_node", None)
+            self._drive(handle, bucket.is_last() or node is None or node() is None)
         return future
 
     def _poll_from(self, params) -> None:

@@ -119,6 +119,11 @@ def env_or_mpi_rendezvous(env_handler: Callable) -> Callable:
     process and ``MASTER_ADDR`` is unset (where ``env://`` would raise)."""
     def handler(url: str, **kwargs):
         if "MASTER_ADDR" not in os.environ and launched_by_mpirun():
+            from mpi4py import MPI   # torch leaves RANK and WORLD_SIZE out of the url: check them here
+            env = {key: int(os.environ[var]) for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE"))
+                   if os.environ.get(var, "").strip().lstrip("-").isdigit()}
+            require_mpi_ranks(env.get("rank", MPI.COMM_WORLD.Get_rank()), env.get("world_size", MPI.COMM_WORLD.Get_size()),
+                              MPI.COMM_WORLD, "torch.distributed over the MPI world (RANK, WORLD_SIZE)")
             return mpi_rendezvous(url, **kwargs)
         return env_handler(url, **kwargs)
     handler.env_handler = env_handler

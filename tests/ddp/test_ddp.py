@@ -101,3 +101,11 @@ def test_without_the_thread_gradient_hooks_finish_a_bucket_during_backward():
 
 def test_without_the_thread_the_backend_lets_backward_go_on_while_a_bucket_travels():
     job(2, "backend_overlap.py", env={"MCALLREDUCE_PROGRESS_THREAD": "0"})
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_without_the_thread_every_call_form_ends_with_glooish_answers(np_):
+    # each once hung (DDP's first static-graph step through the hook; a polled is_completed()),
+    # misread its arguments (allgather(outputs, tensor)), or failed DDP's join() on the backend
+    env = {"MCALLREDUCE_PROGRESS_THREAD": "0", "MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS": "30"}
+    assert "every call form ended" in job(np_, "call_forms.py", env=env, timeout=120)
