@@ -325,8 +325,8 @@ def _call_key(base: Config, algorithm: Optional[str], check: Optional[bool], buf
               prescale: float, postscale: float, blocking: bool) -> tuple:
     """A repeated call's plan key, for a contiguous numpy array reduced in place with no overrides;
     ``base`` is named by id (Context.remember keeps it alive)."""
-    # dtype.str, not .char: a big-endian float32 has the same char as a native one
-    return id(base), algorithm, check, buf.size, buf.dtype.str, op, prescale, postscale, blocking
+    # the dtype itself, not its char: a big-endian float32 has the same char as a native one
+    return id(base), algorithm, check, buf.size, buf.dtype, op, prescale, postscale, blocking
 
 
 def _host_array(buf: Any, out: Any) -> np.ndarray:
