@@ -161,7 +161,8 @@ def test_a_validation_set_of_other_classes_is_refused(tree, tmp_path):
     shutil.copytree(tree / "val", tmp_path / "val")
     shutil.rmtree(sorted((tmp_path / "val").iterdir())[0])
     result = mpi_job(2, EXAMPLE, "--train-dir", tree / "train", "--val-dir", tmp_path / "val", "--arch", "small_cnn",
-                     "--image-size", 32, "--epochs", 1, "--threads", 1, env=OFF, timeout=120)
+                     "--image-size", 32, "--epochs", 1, "--threads", 1,
+                     "--checkpoint-format", f"{tmp_path}/checkpoint-{{epoch}}.pt", env=OFF, timeout=120)
     assert result.returncode != 0 and "are not the training set's" in result.stderr, explain(result)
 
 
