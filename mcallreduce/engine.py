@@ -166,7 +166,7 @@ class Engine:
         self.windows_in_use: Dict[int, int] = {}   # tag window -> seq
         self._queue: Deque[_Call] = collections.deque()
         self._thread: Optional[threading.Thread] = None
-        self._thread_lock = threading.Lock()
+        self._thread_lock = threading.RLock()   # a done callback may submit while it is held
         self._stop = False
         self._kick = threading.Event()   # new work or stop, for the progress thread
         # a generalized request wakes a waiting executor (new work, stop, the stall limit);
@@ -238,7 +238,11 @@ class Engine:
             self._report(self.native.progress(True, self.windows_in_use[window]))
         self.windows_in_use[window] = seq
         self.calls[seq] = call
-        self.native.submit(seq, window * TAG_SPAN, False, call.template, call.buffer, call.prescale)
+        try:
+            self.native.submit(seq, window * TAG_SPAN, False, call.template, call.buffer, call.prescale)
+        except BaseException:   # not started: nothing may wait for it
+            del self.windows_in_use[window], self.calls[seq]
+            raise
 
     @staticmethod
     def _outcome(status: int, payload: Any, on_mismatch: Callable,
@@ -297,8 +301,12 @@ class Engine:
                 return
             self._stop = True
             self._wake()
-            thread.join()
+        thread.join()   # outside the lock: a done callback on the thread may submit
+        with self._thread_lock:
             self._thread = None
+            with self.lock:   # calls queued after the thread's last look: their callers progress them
+                while self._queue:
+                    self._admit(self._queue.popleft())
 
     def waiting(self) -> List[Tuple[int, float, Optional[str], int]]:
         """(seq, since, name, bytes) of every call in flight (any thread may ask)."""

@@ -89,19 +89,25 @@ class Context:
                 if ctx is None:
                     ctx = Context(MPI.COMM_WORLD if comm is None else comm, _config.current())
                     cls._cache[key] = ctx
-                    if comm is not None:
-                        cls._forget_when_freed(comm, key)
+                    if comm is not None and comm != MPI.COMM_WORLD and comm != MPI.COMM_SELF:   # never freed
+                        cls._forget_when_freed(comm, key, ctx)
                     if comm is None:
                         cls._cache[MPI.COMM_WORLD.py2f()] = ctx
         return ctx
 
     @classmethod
-    def _forget_when_freed(cls, comm: MPI.Comm, key: int) -> None:
+    def _forget_when_freed(cls, comm: MPI.Comm, key: int, ctx: "Context") -> None:
         """Drop the cache entry when ``comm`` is freed: a communicator made later may get the same
-        handle, and must not find this context (whose communicators span the freed one's group)."""
+        handle, and must not find this context (whose communicators span the freed one's group).
+        The attribute names its context: replacing it (a new context after a close) drops only the old."""
         if cls._keyval is None:
-            cls._keyval = MPI.Comm.Create_keyval(delete_fn=lambda _comm, _keyval, key: cls._cache.pop(key, None))
-        comm.Set_attr(cls._keyval, key)
+            cls._keyval = MPI.Comm.Create_keyval(delete_fn=lambda _comm, _keyval, value: cls._forget(*value))
+        comm.Set_attr(cls._keyval, (key, ctx))
+
+    @classmethod
+    def _forget(cls, key: int, ctx: "Context") -> None:
+        if cls._cache.get(key) is ctx:
+            del cls._cache[key]
 
     def plan(self, config: Config, nelem: int, dtype: np.dtype, op: str, pre: float, post: float,
              nonblocking: bool = False) -> "Plan":

@@ -274,7 +274,12 @@ def test_every_name_a_module_exports_exists():
         missing = []
         for info in pkgutil.walk_packages(mcallreduce.__path__, "mcallreduce."):
             if not info.name.endswith("__main__"):
-                module = importlib.import_module(info.name)
+                try:
+                    module = importlib.import_module(info.name)
+                except ImportError as exc:   # an optional integration whose framework is not installed
+                    if (exc.name or "").split(".")[0] in ("horovod", "cupy"):
+                        continue
+                    raise
                 missing += [f"{info.name}.{n}" for n in getattr(module, "__all__", ()) if not hasattr(module, n)]
         assert not missing, missing
     """

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import mmap
 import os
 import secrets
@@ -48,24 +49,25 @@ def _new_path(tag: str) -> str:
 
 
 def remove_leftovers(directory: Optional[str] = None, min_age_s: float = LEFTOVER_AGE_S) -> list:
-    """Unlink the segments that a SIGKILL left named: this user's, whose creating process is gone
-    (its pid is in the name) and which are older than ``min_age_s``; returns their paths. A name
-    lives only until the host's ranks have mapped it, so an old one is no live job's."""
+    """Unlink the segments that a SIGKILL left named: this user's, older than ``min_age_s``, and
+    locked by no one (the creator holds a shared flock for the segment's life, which its death
+    releases, whatever PID namespace it ran in); returns their paths."""
     directory = directory or _directory()
     removed = []
     for entry in os.scandir(directory):
-        pid = entry.name[len(NAME_PREFIX):].split("-")[-2] if entry.name.startswith(NAME_PREFIX) else ""
+        if not entry.name.startswith(NAME_PREFIX):
+            continue
         with contextlib.suppress(OSError):
             info = entry.stat(follow_symlinks=False)
-            if not pid.isdigit() or info.st_uid != os.getuid() or time.time() - info.st_mtime < min_age_s:
+            if info.st_uid != os.getuid() or time.time() - info.st_mtime < min_age_s:
                 continue
+            fd = os.open(entry.path, os.O_RDONLY)
             try:
-                os.kill(int(pid), 0)
-                continue                  # alive (or another user's: PermissionError is an OSError)
-            except ProcessLookupError:
-                pass
-            os.unlink(entry.path)
-            removed.append(entry.path)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # BlockingIOError (an OSError): its creator lives
+                os.unlink(entry.path)
+                removed.append(entry.path)
+            finally:
+                os.close(fd)
     return removed
 
 
@@ -149,6 +151,7 @@ class SharedSegment:
 
     def _create(self, path: str) -> str:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_SH)   # held while this process lives: the name is no leftover
         try:
             if self.size:
                 os.posix_fallocate(self.fd, 0, self.size)

@@ -144,8 +144,12 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """destroy_process_group(): the group's engine stops (its threads end; the peers get its goodbye)."""
-        self._finish_allreduces()
-        self._context.close()
+        try:
+            self._finish_allreduces()
+        finally:
+            self._context.close()
+            self._side.Free()
+            self._comm.Free()   # drops its context from the cache (the context keeps duplicates of its own)
 
     def getBackendName(self) -> str:   # noqa: N802  (torch's name)
         return BACKEND

@@ -100,17 +100,26 @@ def store_from_mpi(comm=None, timeout: datetime.timedelta = datetime.timedelta(m
     return store
 
 
-def mpi_rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minutes=30), **kwargs):
+def mpi_rendezvous(url: str, timeout: datetime.timedelta = datetime.timedelta(minutes=30), environ=None, **kwargs):
     """A torch rendezvous handler: rank, size and torch's store from the MPI world.
 
-    A rank or world size that torch put into ``url`` (from ``init_process_group``'s
-    arguments or ``RANK`` / ``WORLD_SIZE``) must be MPI's."""
+    A rank or world size that torch put into ``url`` (from ``init_process_group``'s arguments),
+    or that ``environ`` sets as ``RANK`` / ``WORLD_SIZE`` (``env://``, where torch leaves them out
+    of the url), must be MPI's; every rank raises where one differs."""
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
-    query = {key: int(values[0]) for key, values in parse_qs(urlparse(url).query).items()
-             if key in ("rank", "world_size") and int(values[0]) != -1}
-    require_mpi_ranks(query.get("rank", comm.Get_rank()), query.get("world_size", comm.Get_size()), comm,
-                      "torch.distributed over the MPI world")
+    claimed = {key: int(values[0]) for key, values in parse_qs(urlparse(url).query).items()
+               if key in ("rank", "world_size") and int(values[0]) != -1}
+    for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
+        value = (environ or {}).get(var, "").strip()
+        if key not in claimed and value.lstrip("-").isdigit() and int(value) != -1:
+            claimed[key] = int(value)
+    mine = (claimed.get("rank", comm.Get_rank()), claimed.get("world_size", comm.Get_size()))
+    # all at once: a rank that raised alone would leave the others in the store's collective
+    if not comm.allreduce(mine == (comm.Get_rank(), comm.Get_size()), op=MPI.LAND):
+        require_mpi_ranks(*mine, comm, "torch.distributed over the MPI world")
+        raise RuntimeError("torch.distributed over the MPI world: another rank's rank or world size is not "
+                           "MPI's (its error says which)")
     yield store_from_mpi(comm, timeout), comm.Get_rank(), comm.Get_size()
 
 
@@ -119,12 +128,7 @@ def env_or_mpi_rendezvous(env_handler: Callable) -> Callable:
     process and ``MASTER_ADDR`` is unset (where ``env://`` would raise)."""
     def handler(url: str, **kwargs):
         if "MASTER_ADDR" not in os.environ and launched_by_mpirun():
-            from mpi4py import MPI   # torch leaves RANK and WORLD_SIZE out of the url: check them here
-            env = {key: int(os.environ[var]) for key, var in (("rank", "RANK"), ("world_size", "WORLD_SIZE"))
-                   if os.environ.get(var, "").strip().lstrip("-").isdigit()}
-            require_mpi_ranks(env.get("rank", MPI.COMM_WORLD.Get_rank()), env.get("world_size", MPI.COMM_WORLD.Get_size()),
-                              MPI.COMM_WORLD, "torch.distributed over the MPI world (RANK, WORLD_SIZE)")
-            return mpi_rendezvous(url, **kwargs)
+            return mpi_rendezvous(url, environ=os.environ, **kwargs)
         return env_handler(url, **kwargs)
     handler.env_handler = env_handler
     return handler

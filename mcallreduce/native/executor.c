@@ -307,9 +307,8 @@ void progress(EngineObject *e, int block, run_t *until) {
     double last = block ? now_s() : 0;
     while (!(until && until->done)) {
         e->in_mpi = "MPI_Testsome";   /* for the stall report: polling, or asleep between polls */
-        if (e->abort_before) {
-            long long before = e->abort_before;
-            e->abort_before = 0;
+        if (__atomic_load_n(&e->abort_before, __ATOMIC_ACQUIRE)) {   /* set by abort() from another thread */
+            long long before = __atomic_exchange_n(&e->abort_before, 0, __ATOMIC_ACQ_REL);
             abandon(e, 0, before, e->abort_reason);
             if (until && until->done) break;
         }

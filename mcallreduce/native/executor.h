@@ -122,7 +122,7 @@ typedef struct {
     /* a peer's goodbye (its lowest unfinished call) and the calls it will never make */
     MPI_Comm bye;
     int bye_on, gone_rank;
-    volatile long long abort_before;   /* abort(): the runs submitted before it fail (0: none asked) */
+    long long abort_before;   /* abort(): the runs submitted before it fail (0: none asked); atomic */
     long long bye_seq, gone_seq, next_seq;
     run_t *graveyard;
     char abort_reason[200];

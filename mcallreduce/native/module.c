@@ -304,7 +304,8 @@ static PyObject *Engine_abort(EngineObject *self, PyObject *args) {
     const char *reason;
     if (!PyArg_ParseTuple(args, "s", &reason)) return NULL;
     snprintf(self->abort_reason, sizeof self->abort_reason, "%s", reason);
-    self->abort_before = self->next_seq;   /* a call is submitted with the GIL held, as this runs */
+    /* after the reason (which the executor reads once it sees this); calls are submitted with the GIL held */
+    __atomic_store_n(&self->abort_before, self->next_seq, __ATOMIC_RELEASE);
     Py_RETURN_NONE;
 }
 

@@ -451,28 +451,27 @@ def test_a_sigterm_handler_that_returns_leaves_the_segment_working_and_no_file(m
 
 def test_a_segment_name_that_a_sigkill_left_is_removed_by_the_next_segment():
     # SIGKILL between creating the file and every rank mapping it leaves the name, and with it the memory
-    import subprocess
-    import sys
+    import fcntl
     import time
     from mcallreduce.data import shm
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True)
-    dead, alive = int(gone.stdout), os.getpid()
     old = time.time() - 2 * shm.LEFTOVER_AGE_S
-    paths = {}
-    for what, pid, mtime in (("killed", dead, old), ("young", dead, None), ("live", alive, old)):
-        path = os.path.join(shm._directory(), f"{shm.NAME_PREFIX}test-{what}-{pid}-0123456789ab")
+    paths, live = {}, None
+    for what, mtime in (("killed", old), ("young", None), ("live", old)):
+        path = os.path.join(shm._directory(), f"{shm.NAME_PREFIX}test-{what}-{os.getpid()}-0123456789ab")
         with open(path, "wb") as f:
             f.write(b"x" * 4096)
         if mtime is not None:
             os.utime(path, (mtime, mtime))
         paths[what] = path
+    live = os.open(paths["live"], os.O_RDONLY)   # its creator's lock, held for as long as the job lives
+    fcntl.flock(live, fcntl.LOCK_SH)
     try:
         segment = shm.SharedSegment(None, 1 << 16, tag="sweeper")
         segment.close()
         assert not os.path.exists(paths["killed"])
         assert os.path.exists(paths["young"]) and os.path.exists(paths["live"])   # maybe a job's, mapping it now
     finally:
+        os.close(live)
         for path in paths.values():
             if os.path.exists(path):
                 os.unlink(path)

@@ -48,9 +48,14 @@ def freed_communicator():
     handle = pair.py2f()
     pair.Free()
     alone = world.Split(rank, 0)
+    assert alone.py2f() == handle, "MPI did not reuse the handle: the case tests nothing"
     y = np.ones(4, np.float32)
     mcallreduce.allreduce(y, comm=alone)
     assert y[0] == 1.0, (y, handle, alone.py2f())
+    # a context closed (hvd.shutdown() with this communicator), then the communicator used again
+    Context.get(alone).close()
+    mcallreduce.allreduce(y, comm=alone)
+    assert Context.get(alone) is Context.get(alone), "each call made a new context"
 
 
 def foreign_byte_order():
