@@ -25,6 +25,7 @@ import numpy as np
 from .. import mpit
 from .._executor import MPI_SEND_COPY_RANKS
 from ..config import ALGORITHMS
+from ..sim.predict import busbw
 from ..units import format_size, parse_size
 from .output import command, pyplot, save_png, write_json
 from .provenance import provenance, utc_now
@@ -187,7 +188,7 @@ def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Nam
         records.append({"algorithm": algorithm, "size_bytes": int(count * dtype.itemsize), "count": int(count),
                         "dtype": dtype.name, "ranks": p, "iters": iters, "time_s": t,
                         "time_min_s": float(slowest[:, j].min()), "algbw_Bps": algbw,
-                        "busbw_Bps": algbw * 2 * (p - 1) / p, "cpu_s": float(cpu_mean[j]),   # 0 at one rank, as nccl-tests
+                        "busbw_Bps": busbw(count * dtype.itemsize, t, p), "cpu_s": float(cpu_mean[j]),
                         "buffer": kind, "calls": "nonblocking" if ns.nonblocking else "blocking",
                         "correct": correct[algorithm, kind]})
     return records

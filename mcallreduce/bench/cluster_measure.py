@@ -111,6 +111,8 @@ def allreduce_rank(sizes: Sequence[int], iters: Sequence[int]) -> None:
     """Rank side: time ``iters`` in-place float32 MPI_Allreduce calls per size; rank 0 prints JSON."""
     import numpy as np
     from mpi4py import MPI
+
+    from ..sim.predict import busbw
     comm = MPI.COMM_WORLD
     n = comm.size
     for size, count in zip(sizes, iters):
@@ -123,9 +125,9 @@ def allreduce_rank(sizes: Sequence[int], iters: Sequence[int]) -> None:
         per_op = comm.allreduce((time.perf_counter() - start) / count, op=MPI.MAX)
         if comm.rank == 0:
             algbw = size / per_op / 1e6
-            busbw = algbw * 2 * (n - 1) / n if n > 1 else algbw
+            bus = busbw(size, per_op, n) / 1e6
             print(json.dumps({"bytes": size, "ranks": n, "iters": count, "seconds": per_op,
-                              "algbw_MBps": algbw, "busbw_MBps": busbw}), flush=True)
+                              "algbw_MBps": algbw, "busbw_MBps": bus}), flush=True)
 
 
 def measure_allreduce(cluster, sizes: Sequence[int], algorithm: str = "default",

@@ -84,8 +84,8 @@ def predict(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,
 
 
 def busbw(nbytes: int, seconds: float, nranks: int) -> float:
-    """nccl-tests bus bandwidth (bytes/s)."""
-    return nbytes / seconds * (2 * (nranks - 1) / nranks if nranks > 1 else 1.0)
+    """nccl-tests' bus bandwidth of an allreduce (bytes/s): algbw x 2(n-1)/n, so 0 at one rank."""
+    return nbytes / seconds * 2 * (nranks - 1) / nranks
 
 
 def best_of(model: ClusterModel, nbytes: int, algorithms=("multicolor", "ring")) -> Tuple[str, float]:
