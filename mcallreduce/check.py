@@ -23,7 +23,7 @@ __all__ = ["DTYPES", "DTYPE_CODE", "OP_CODE", "FIELDS", "REJECT_BUFFER", "REJECT
            "mismatch", "min_max_vector", "bounds"]
 
 #: supported element types (numpy names), in the executor's dtype codes (1, 2, ...)
-DTYPES = ("float16", "float32", "float64", "int32", "int64")
+DTYPES = ("float16", "float32", "float64", "int32", "int64", "int8", "uint8", "int16", "uint16", "bool")
 DTYPE_CODE = {np.dtype(name): i + 1 for i, name in enumerate(DTYPES)}
 #: reduction operators in the executor's op codes; "average" is "sum" then a scale
 OP_CODE = {"sum": 1, "average": 2, "min": 3, "max": 4, "product": 5}

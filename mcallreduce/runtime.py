@@ -40,6 +40,7 @@ _FUSED_KINDS = (_executor.KIND_FUSED_DOUBLING, _executor.KIND_FUSED_HALVING)
 _STAGE_CODE = {_executor.KIND_SHARED: 1, _executor.KIND_SINGLE_COPY: 2, _executor.KIND_SHARED_ONE_SYNC: 3}
 _MAX_MESSAGE_BYTES = (1 << 31) - 1   # the executor posts byte counts as C ints
 _MAX_MPI_COUNT = (1 << 31) - 1       # and MPI's own allreduce element counts
+_MPI_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))   # where MPI's results are numpy's
 
 
 class Context:
@@ -178,8 +179,10 @@ class Plan:
     def __init__(self, ctx: Context, config: Config, nelem: int, dtype: np.dtype, op: str,
                  pre: float, post: float, nonblocking: bool = False):
         slot, small = (ctx.shared.slot_bytes, ctx.shared.small_bytes) if ctx.shared is not None else (0, 0)
-        # MPI has no float16, and takes element counts as C ints (Open MPI 4.1 has no large-count calls)
-        mpi_type = dtype != np.float16 and nelem <= _MAX_MPI_COUNT
+        op = _logical(op, pre, post) if dtype == np.bool_ else op
+        # MPI has no float16, takes element counts as C ints (Open MPI 4.1 has no large-count calls), and
+        # its vector sums of 8- and 16-bit integers saturate where numpy's wrap (docs/algorithms.md, "mpi")
+        mpi_type = dtype in _MPI_DTYPES and nelem <= _MAX_MPI_COUNT
         direct = ctx.single_copy and pre == 1.0   # a prescaled copy needs the window's slots
         self.algorithm, self.params = resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, slot,
                                               mpi_type=mpi_type, single_copy_ok=direct,
@@ -197,9 +200,9 @@ class Plan:
             # reduced along its own metadata check, which then costs nothing: check or not, the fastest path
             self.kind = _executor.KIND_FUSED_DOUBLING if self.algorithm == "doubling" else _executor.KIND_FUSED_HALVING
         elif self.algorithm in MPI_ALGORITHMS:
-            if dtype == np.float16:
-                raise TypeError(f"mcallreduce: algorithm {self.algorithm!r} cannot reduce float16 (MPI has no such "
-                                "type); use multicolor or ring")
+            if dtype not in _MPI_DTYPES:
+                raise TypeError(f"mcallreduce: algorithm {self.algorithm!r} reduces only "
+                                f"{', '.join(t.name for t in _MPI_DTYPES)}, not {dtype.name}; use multicolor or ring")
             if not mpi_type:
                 raise ValueError(f"mcallreduce: algorithm {self.algorithm!r} takes at most {_MAX_MPI_COUNT} elements "
                                  f"(MPI's counts are C ints), not {nelem}; use multicolor or ring")
@@ -239,6 +242,15 @@ class Plan:
         low = lower(mine, done_tag, early_steps(self.schedule, ctx.rank, EARLY_MAX_BYTES // dtype.itemsize))
         self.program = _executor.Program(low.steps, low.dep_ptr, low.dependents, low.scratch_elems)
 
+
+
+def _logical(op: str, pre: float, post: float) -> str:
+    """A bool's op as the executor runs it on bytes of 0 and 1: sum is or (max), product is and
+    (min), as numpy's and gloo's are; an average or a scale factor has no bool result."""
+    if op == "average" or pre != 1.0 or post != 1.0:
+        raise TypeError(f"mcallreduce: a bool allreduce takes sum, product, min or max and no scale factors, "
+                        f"not {op!r} with prescale {pre} and postscale {post}")
+    return {"sum": "max", "product": "min"}.get(op, op)
 
 
 def _rejected(ctx: Context, exc: BaseException):

@@ -30,8 +30,10 @@ import torch
 from .. import check
 
 _MAX56 = (1 << 56) - 1
-#: the dtypes routed calls carry: the engine's, with its codes
-DTYPE_CODE = {getattr(torch, dtype.name): code for dtype, code in check.DTYPE_CODE.items()}
+#: the dtypes routed calls carry, with the engine's codes: those stock Horovod's torch allreduce takes
+#: (it refuses 8- and 16-bit integers and bool: so does the plugin, by leaving them to it)
+DTYPE_CODE = {getattr(torch, name): check.DTYPE_CODE[np.dtype(name)]
+              for name in ("float16", "float32", "float64", "int32", "int64")}
 _DTYPE_OF = {code: dtype for dtype, code in DTYPE_CODE.items()}
 _OP_CODE = {op: check.OP_CODE[op] for op in ("sum", "average")}    # the ops Horovod routes here
 _OP_OF = {code: op for op, code in _OP_CODE.items()}

@@ -12,12 +12,14 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { DT_F16 = 1, DT_F32 = 2, DT_F64 = 3, DT_I32 = 4, DT_I64 = 5 };
+enum { DT_F16 = 1, DT_F32 = 2, DT_F64 = 3, DT_I32 = 4, DT_I64 = 5, DT_I8 = 6, DT_U8 = 7, DT_I16 = 8, DT_U16 = 9,
+       DT_BOOL = 10 };
 enum { OP_SUM = 1, OP_AVERAGE = 2, OP_MIN = 3, OP_MAX = 4, OP_PRODUCT = 5 };
 
 static inline size_t dtype_size(int dtype) {
     switch (dtype) {
-    case DT_F16: return 2;
+    case DT_I8: case DT_U8: case DT_BOOL: return 1;
+    case DT_F16: case DT_I16: case DT_U16: return 2;
     case DT_F32: case DT_I32: return 4;
     case DT_F64: case DT_I64: return 8;
     default: return 0;
@@ -115,6 +117,16 @@ DEFINE_LOOPS(u32, uint32_t)
 DEFINE_LOOPS(u64, uint64_t)
 DEFINE_LOOPS(s32, int32_t)
 DEFINE_LOOPS(s64, int64_t)
+#undef MUL
+#define MUL(a, b) ((unsigned)(a) * (unsigned)(b))   /* 8- and 16-bit operands promote to int, which may overflow */
+DEFINE_LOOPS(u8, uint8_t)
+DEFINE_LOOPS(s8, int8_t)
+DEFINE_LOOPS(u16, uint16_t)
+DEFINE_LOOPS(s16, int16_t)
+DEFINE_COMBINE(u8, uint8_t)
+DEFINE_COMBINE(s8, int8_t)
+DEFINE_COMBINE(u16, uint16_t)
+DEFINE_COMBINE(s16, int16_t)
 #undef ADD
 #undef MUL
 
@@ -184,7 +196,8 @@ static inline void f16_reduce(int op, uint16_t *restrict d, const uint16_t *rest
 }
 
 /* One call of the kernel family VERB (reduce or combine) for the dtype: integer sums and products
-   wrap, so they run unsigned; min and max compare signed. */
+   wrap, so they run unsigned; min and max compare signed. A bool is a byte of 0 or 1 whose sum and
+   product the caller has already made max and min (logical or and and, as numpy's). */
 #define DTYPE_DISPATCH(dtype, op, VERB, ...)                                                          \
     switch (dtype) {                                                                                    \
     case DT_F16: f16_##VERB(op, __VA_ARGS__); break;                                                    \
@@ -192,6 +205,10 @@ static inline void f16_reduce(int op, uint16_t *restrict d, const uint16_t *rest
     case DT_F64: f64_##VERB(op, __VA_ARGS__); break;                                                    \
     case DT_I32: if (op == OP_MIN || op == OP_MAX) s32_##VERB(op, __VA_ARGS__); else u32_##VERB(op, __VA_ARGS__); break; \
     case DT_I64: if (op == OP_MIN || op == OP_MAX) s64_##VERB(op, __VA_ARGS__); else u64_##VERB(op, __VA_ARGS__); break; \
+    case DT_I8: if (op == OP_MIN || op == OP_MAX) s8_##VERB(op, __VA_ARGS__); else u8_##VERB(op, __VA_ARGS__); break;    \
+    case DT_I16: if (op == OP_MIN || op == OP_MAX) s16_##VERB(op, __VA_ARGS__); else u16_##VERB(op, __VA_ARGS__); break; \
+    case DT_U8: case DT_BOOL: u8_##VERB(op, __VA_ARGS__); break;                                        \
+    case DT_U16: u16_##VERB(op, __VA_ARGS__); break;                                                    \
     }
 
 static inline void f16_combine(int op, uint16_t *restrict o, const uint16_t *a, const uint16_t *b, int64_t n) {
@@ -226,7 +243,13 @@ static inline void scale_buffer(int dtype, void *buf, int64_t n, double factor) 
     case DT_F64: { double *b = buf; for (i = 0; i < n; i++) b[i] *= factor; break; }
     case DT_I32: { int32_t *b = buf; for (i = 0; i < n; i++) b[i] = (int32_t)((double)b[i] * factor); break; }
     case DT_I64: { int64_t *b = buf; for (i = 0; i < n; i++) b[i] = (int64_t)((double)b[i] * factor); break; }
-    }
+    /* through int64, so that a product outside the narrow type wraps (as numpy's cast does here)
+       instead of being undefined */
+    case DT_I8: { int8_t *b = buf; for (i = 0; i < n; i++) b[i] = (int8_t)(int64_t)((double)b[i] * factor); break; }
+    case DT_U8: { uint8_t *b = buf; for (i = 0; i < n; i++) b[i] = (uint8_t)(int64_t)((double)b[i] * factor); break; }
+    case DT_I16: { int16_t *b = buf; for (i = 0; i < n; i++) b[i] = (int16_t)(int64_t)((double)b[i] * factor); break; }
+    case DT_U16: { uint16_t *b = buf; for (i = 0; i < n; i++) b[i] = (uint16_t)(int64_t)((double)b[i] * factor); break; }
+    }   /* a bool is never scaled: the runtime refuses it */
 }
 
 #endif
