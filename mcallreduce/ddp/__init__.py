@@ -15,7 +15,7 @@ Importing this package does not initialise MPI.
 """
 from .backend import BACKEND, ProcessGroupMulticolor, register
 from .hook import MulticolorHookState, multicolor_hook
-from .world import check_matches_mpi, init_process_group, store_from_mpi
+from .rendezvous import check_matches_mpi, init_process_group, store_from_mpi
 
 __all__ = ["multicolor_hook", "MulticolorHookState", "init_process_group", "store_from_mpi", "check_matches_mpi",
            "ProcessGroupMulticolor", "BACKEND"]

@@ -33,8 +33,8 @@ import torch.distributed as dist
 from torch.autograd import Variable
 
 from .. import policy
-from .futures import InFlight, future_for, reducible
-from .world import env_or_mpi_rendezvous, mpi_rendezvous, require_mpi_ranks
+from .futures import InFlight, future_for, inside_backward_node, reducible
+from .rendezvous import env_or_mpi_rendezvous, mpi_rendezvous, require_mpi_ranks
 
 __all__ = ["ProcessGroupMulticolor", "BACKEND", "register"]
 
@@ -82,6 +82,12 @@ class _Work(dist.Work):
                 pass
         return self._future.done()
 
+    def result(self) -> List[torch.Tensor]:
+        """The collective's output tensors, once it is finished (torch's ``Work.result()``)."""
+        self.wait()
+        value = self._future.value()
+        return list(value) if value is not None else []
+
     def get_future(self) -> torch.futures.Future:
         defer, self._defer = self._defer, None
         if defer is not None and _asked_by_ddp(sys._getframe(1)):
@@ -102,8 +108,7 @@ def _asked_by_ddp(caller) -> bool:
     while a node of backward runs: DDP's reducer in a gradient hook, which waits on it only at the end
     of backward. Not a hook's or a script's Python, which may wait on it at once, and not inside an
     end-of-backward callback (DDP's first static-graph step reduces there)."""
-    node = getattr(torch._C, "_current_autograd_node", None)
-    return caller is not None and caller.f_code is _RUN_BACKWARD and node is not None and node() is not None
+    return caller is not None and caller.f_code is _RUN_BACKWARD and inside_backward_node()
 
 
 def _done(value: Any) -> _Work:
@@ -113,11 +118,15 @@ def _done(value: Any) -> _Work:
 
 
 def _bytes(tensor: torch.Tensor) -> np.ndarray:
-    """A tensor's bytes as a writable uint8 view (collectives that only move data)."""
-    if not tensor.is_contiguous() or tensor.device.type != "cpu":
-        raise ValueError(f"mcallreduce backend: expected a contiguous CPU tensor, got {tensor.device} "
-                         f"{'contiguous' if tensor.is_contiguous() else 'non-contiguous'}")
+    """A contiguous CPU tensor's bytes as a writable uint8 view (collectives that only move data)."""
+    if tensor.device.type != "cpu":
+        raise ValueError(f"mcallreduce backend: expected a CPU tensor, got {tensor.device}")
     return tensor.reshape(-1).view(torch.uint8).numpy()
+
+
+def _dense(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or a contiguous copy of it that the caller copies back (as gloo stages strided tensors)."""
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
 class ProcessGroupMulticolor(dist.ProcessGroup):
@@ -146,6 +155,7 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         """destroy_process_group(): the group's engine stops (its threads end; the peers get its goodbye)."""
         try:
             self._finish_allreduces()
+            self._context.release_shared()   # collective, as destroy_process_group is: the window's memory
         finally:
             self._context.close()
             self._side.Free()
@@ -183,7 +193,10 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         root = opts if isinstance(opts, int) else opts.rootRank if opts is not None else 0
         self._finish_allreduces()
         for tensor in tensors:
-            self._side.Bcast(_bytes(tensor), root=root)
+            dense = _dense(tensor)
+            self._side.Bcast(_bytes(dense), root=root)
+            if dense is not tensor:
+                tensor.copy_(dense)
         return _done(tensors)
 
     def allgather(self, output_tensors: List, input_tensors: Any, opts: Any = None) -> dist.Work:
@@ -191,7 +204,7 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
             output_tensors, input_tensors = [output_tensors], [input_tensors]
         self._finish_allreduces()
         for outputs, tensor in zip(output_tensors, input_tensors):
-            mine = _bytes(tensor)
+            mine = _bytes(_dense(tensor))
             sizes = self._side.allgather(mine.size)
             if len(set(sizes)) != 1 or len(outputs) != self.size():
                 raise ValueError(f"mcallreduce backend: allgather of {sizes} bytes from the ranks into "
@@ -199,7 +212,10 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
             gathered = np.empty(mine.size * self.size(), np.uint8)
             self._side.Allgather(mine, gathered)
             for r, out in enumerate(outputs):
-                _bytes(out)[...] = gathered[r * mine.size:(r + 1) * mine.size]
+                dense = _dense(out)
+                _bytes(dense)[...] = gathered[r * mine.size:(r + 1) * mine.size]
+                if dense is not out:
+                    out.copy_(dense)
         return _done(output_tensors)
 
     def barrier(self, opts: Any = None) -> dist.Work:

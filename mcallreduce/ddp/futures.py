@@ -3,13 +3,32 @@ from __future__ import annotations
 
 import collections
 import threading
+import warnings
 from typing import Any, Callable, Deque, Iterator, List, Optional
 
 import torch
 
 from ..engine import PROGRESS_THREAD_NAME
 
-__all__ = ["InFlight", "future_for", "reducible"]
+__all__ = ["InFlight", "future_for", "inside_backward_node", "reducible"]
+
+_CURRENT_NODE = getattr(torch._C, "_current_autograd_node", None)   # private to torch; 2.13 has it
+_warned_no_node_query = False
+
+
+def inside_backward_node() -> bool:
+    """Whether a node of backward runs in this thread (DDP's reducer, in a gradient hook): only there
+    may a bucket's allreduce wait until backward ends. A torch without the query answers False, so
+    each bucket finishes at once and backward no longer overlaps its allreduces: said once."""
+    global _warned_no_node_query
+    if _CURRENT_NODE is None:
+        if not _warned_no_node_query:
+            _warned_no_node_query = True
+            warnings.warn("mcallreduce.ddp: this torch has no torch._C._current_autograd_node; without the "
+                          "progress thread each bucket's allreduce finishes when it starts, and backward "
+                          "no longer overlaps them (set MCALLREDUCE_PROGRESS_THREAD=1)", RuntimeWarning, stacklevel=3)
+        return False
+    return _CURRENT_NODE() is not None
 
 
 class _Completer:

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 from .. import policy
-from .futures import InFlight, future_for, reducible
-from .world import check_matches_mpi
+from .futures import InFlight, future_for, inside_backward_node, reducible
+from .rendezvous import check_matches_mpi
 
 __all__ = ["MulticolorHookState", "multicolor_hook"]
 
@@ -69,8 +69,7 @@ class MulticolorHookState:
             self._poll_from(bucket.parameters())
             # outside a node of backward (DDP's first static-graph step reduces every bucket from its
             # end-of-backward callback, each "not last", then waits): finish each one now
-            node = getattr(torch._C, "_current_autograd_node", None)
-            self._drive(handle, bucket.is_last() or node is None or node() is None)
+            self._drive(handle, bucket.is_last() or not inside_backward_node())
         return future
 
     def _poll_from(self, params) -> None:

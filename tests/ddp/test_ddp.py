@@ -109,3 +109,15 @@ def test_without_the_thread_every_call_form_ends_with_glooish_answers(np_):
     # misread its arguments (allgather(outputs, tensor)), or failed DDP's join() on the backend
     env = {"MCALLREDUCE_PROGRESS_THREAD": "0", "MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS": "30"}
     assert "every call form ended" in job(np_, "call_forms.py", env=env, timeout=120)
+
+
+def test_a_torch_without_the_autograd_node_query_says_the_overlap_is_lost(monkeypatch):
+    import warnings
+    from mcallreduce.ddp import futures
+    assert futures.inside_backward_node() is False   # outside backward, on this torch
+    monkeypatch.setattr(futures, "_CURRENT_NODE", None)
+    monkeypatch.setattr(futures, "_warned_no_node_query", False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert futures.inside_backward_node() is False and futures.inside_backward_node() is False
+    assert len(seen) == 1 and "no longer overlaps" in str(seen[0].message), seen

@@ -6,8 +6,12 @@ with gloo's answer or a clear error, on every rank.
 * ProcessGroup's shorthand forms on the backend: ``allreduce(tensor)``, ``allreduce([t], op)``,
   ``broadcast(tensor, root)``, ``allgather(outputs, tensor)``; DDP's ``join()`` with
   ``find_unused_parameters`` calls the first.
-* ``Work.is_completed()`` turns True by itself, polled.
+* ``Work.is_completed()`` turns True by itself, polled; ``Work.result()`` gives the outputs.
+* int8, uint8 and bool ``all_reduce`` with every op, as gloo's (integers wrap, a bool's sum is or);
+  non-contiguous tensors to ``broadcast`` and ``allgather``.
 * ``all_gather_into_tensor`` is refused, naming itself.
+* ``destroy_process_group()`` frees the group's shared-memory window (24 MiB of /dev/shm at 2 ranks):
+  init and destroy in a loop leave none behind.
 
     python -m mcallreduce.launch -np N -- python call_forms.py     (MCALLREDUCE_PROGRESS_THREAD=0)
 
@@ -27,6 +31,7 @@ import mcallreduce.ddp
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
 total = size * (size - 1) / 2   # the sum of the ranks
+total_of_ranks_plus_one = size * (size + 1) / 2
 
 
 class TwoDtypes(nn.Module):
@@ -36,6 +41,12 @@ class TwoDtypes(nn.Module):
 
     def forward(self, x):
         return self.b(self.a(x).double())
+
+
+def windows() -> int:
+    """The shared-memory windows this process maps (Open MPI's osc/sm segments)."""
+    with open("/proc/self/maps") as maps:
+        return sum("/osc_sm." in line for line in maps)
 
 
 mcallreduce.ddp.init_process_group("mcallreduce")
@@ -68,6 +79,37 @@ with uneven.join():
     for _ in range(3 + rank):
         uneven(torch.randn(4, 8)).sum().backward()
 
+def of_rank(r, dtype):
+    if dtype == torch.bool:
+        return torch.tensor([(r >> b) & 1 for b in range(4)] + [1, 0], dtype=torch.bool)
+    return torch.tensor([100, -100, 3 - 8 * r, 7 * r, 120, -128], dtype=torch.int16).to(dtype)   # wraps into uint8
+
+
+folds = {dist.ReduceOp.SUM: torch.add, dist.ReduceOp.PRODUCT: torch.mul, dist.ReduceOp.MIN: torch.minimum,
+         dist.ReduceOp.MAX: torch.maximum}
+for dtype in (torch.int8, torch.uint8, torch.bool):
+    for reduce_op, fold in folds.items():
+        want = of_rank(0, dtype)
+        for r in range(1, size):
+            want = fold(want, of_rank(r, dtype))
+        t = of_rank(rank, dtype)
+        dist.all_reduce(t, reduce_op)
+        assert torch.equal(t, want), (dtype, reduce_op, t, want)
+
+strided = torch.arange(12.0).reshape(3, 4).t() * (rank + 1)
+work = dist.all_reduce(strided, async_op=True)
+assert [torch.equal(x, strided) for x in work.result()] == [True], work.result()
+assert torch.equal(strided, torch.arange(12.0).reshape(3, 4).t() * total_of_ranks_plus_one), strided
+strided = torch.full((4, 3), float(rank)).t()
+assert not strided.is_contiguous()
+dist.broadcast(strided, src=size - 1)
+assert torch.equal(strided, torch.full((3, 4), size - 1.0)), strided
+outputs = [torch.empty(3, 2).t() for _ in range(size)]
+mine = (torch.arange(6.0).reshape(3, 2) + rank).t()
+assert not mine.is_contiguous() and not outputs[0].is_contiguous()
+dist.all_gather(outputs, mine)
+assert all(torch.equal(o, (torch.arange(6.0).reshape(3, 2) + r).t()) for r, o in enumerate(outputs)), outputs
+
 work = dist.all_reduce(torch.ones(1 << 16), async_op=True)
 deadline = time.monotonic() + 10
 while not work.is_completed():
@@ -81,4 +123,10 @@ except NotImplementedError as exc:
     assert "all_gather" in str(exc) and "gloo" in str(exc), exc
 
 dist.destroy_process_group()
+before = windows()   # the hook's context over COMM_WORLD keeps its window until exit
+for _ in range(2):
+    mcallreduce.ddp.init_process_group("mcallreduce")
+    dist.all_reduce(torch.ones(1 << 16))
+    dist.destroy_process_group()
+    assert windows() == before, f"{windows() - before} shared-memory windows left after destroy_process_group()"
 print(f"rank {rank}: every call form ended", flush=True)
