@@ -102,7 +102,8 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.9",
     packages=find_packages(include=["mcallreduce", "mcallreduce.*"]),
-    package_data={"mcallreduce": ["tuning-measured.json"], "mcallreduce.horovod": ["mcallreduce-horovod.pth"]},
+    package_data={"mcallreduce": ["tuning-measured.json"], "mcallreduce.sim": ["calibration.json"],
+                  "mcallreduce.horovod": ["mcallreduce-horovod.pth"]},
     ext_modules=executor_extension() + [
         Extension("mcallreduce.data._jpegroi", ["mcallreduce/data/_jpegroi.c"], libraries=["jpeg"])],
     cmdclass={"build_py": build_py_with_startup_hook, "build_ext": optional_build_ext},

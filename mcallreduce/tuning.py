@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
 from .algorithms import Params
-from .config import ALGORITHMS, MPI_ALGORITHMS
+from .config import ALGORITHMS, MPI_ALGORITHMS, ROUTES
 from .errors import ConfigError
 
 __all__ = ["BUILTIN_TABLE", "NONBLOCKING_SECTION", "layout_name", "has_nonblocking_rows", "lookup"]
@@ -70,6 +70,27 @@ def _check_table(path: str, table) -> None:
                 for part in (row, row.get("instead", {})):
                     if not isinstance(part, dict) or part.get("algorithm", "multicolor") not in ALGORITHMS:
                         raise bad(f"{layout}: a row that names no algorithm of {', '.join(ALGORITHMS)}: {part!r}")
+                    wrong = _wrong_parameter(part)
+                    if wrong:
+                        raise bad(f"{layout}: {wrong} in {part!r}")
+                if "instead" in row and row["instead"].get("algorithm", "multicolor") in MPI_ALGORITHMS:
+                    raise bad(f"{layout}: an instead that names MPI's allreduce, which it stands in for: {row!r}")
+
+
+def _wrong_parameter(row: dict) -> Optional[str]:
+    """What is wrong with a row's schedule parameters, if anything."""
+    def whole(key, low):
+        value = row.get(key, low)
+        return isinstance(value, int) and not isinstance(value, bool) and value >= low
+    if not whole("colors", 1):
+        return "colors must be a whole number of 1 or more"
+    if not whole("segment_bytes", 0):
+        return "segment_bytes must be a whole number of 0 or more"
+    if not all(isinstance(row.get(key, False), bool) for key in ("hierarchical", "shared")):
+        return "hierarchical and shared must be true or false"
+    if row.get("route", "tree") not in ROUTES:
+        return f"route must be one of {', '.join(ROUTES)}"
+    return None
 
 
 def layout_name(hosts: Sequence[Sequence[int]]) -> str:

@@ -1,6 +1,7 @@
 """The benchmark CLI end to end: table, JSON records and the plot."""
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -192,6 +193,16 @@ def test_interleaved_arms_follow_every_other_arm_equally_often():
         assert len(follows) == n * (n - 1) and len(set(follows.values())) == 1, (n, follows)
 
 
+def test_the_sweep_and_the_tuner_time_whole_rounds_of_orders():
+    from mpi4py import MPI
+    from mcallreduce.bench.timing import carryover_balanced, iterations, whole_rounds
+    assert [whole_rounds(i, 3) for i in (1, 6, 7)] == [6, 6, 12]   # 3 arms: 6 orders
+    assert whole_rounds(5, 4) == 8
+    for narms in (2, 3, 5):   # iterations() is what both call: its count is whole rounds too
+        count = iterations(MPI.COMM_SELF, [lambda: None] * narms, 1e-9, 1, cap=100)
+        assert count % len(carryover_balanced(narms)) == 0 and count > 0, (narms, count)
+
+
 def test_a_record_names_the_cluster_that_cluster_run_hands_its_ranks(monkeypatch):
     from mcallreduce.bench.cluster_state import ClusterConfig
     from mcallreduce.bench.provenance import cluster_env, provenance, utc_now
@@ -265,3 +276,23 @@ def test_goals_without_jobs_are_not_measured_rather_than_met():
     assert verdict(Goal("g", "main", "64K", "best-mpi", "multicolor", "time_s", 1.0), []) == "not measured"
     with pytest.raises(SystemExit):
         main(["--layouts", "1h2r", "--jobs", "0"])
+
+
+def test_the_model_tuner_names_the_option_it_cannot_read():
+    for args, says in ((("--sizes", "5X"), "--sizes: '5X' is not a size"),
+                       (("--hosts", "x"), "--hosts: 'x' is not"), (("--ranks-per-host", "0"), "--ranks-per-host: '0'"),
+                       (("--calibration", "/nonexistent.json"), "calibration file /nonexistent.json")):
+        r = subprocess.run([sys.executable, "-m", "mcallreduce.bench", "tune", *args, "--out", "-"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_a_tuning_table_is_written_a_row_a_line_and_reads_back_the_same(tmp_path):
+    from mcallreduce.bench.output import write_table_json
+    from mcallreduce.policy import BUILTIN_TABLE
+    table = json.loads(Path(BUILTIN_TABLE).read_text())
+    out = tmp_path / "t.json"
+    write_table_json(out, {**table, "empty": {}})
+    assert json.loads(out.read_text()) == {**table, "empty": {}}
+    rows = sum(len(r) for section in ("tables", "nonblocking_tables") for r in table[section].values())
+    assert len(out.read_text().splitlines()) < rows + 20

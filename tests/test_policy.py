@@ -190,7 +190,16 @@ def test_a_call_mpi_cannot_serve_takes_the_rows_fastest_other_candidate(tmp_path
                                         ('{"tables": {"1h2r": [{"algorithm": "ring"}]}}', "size_bytes"),
                                         ('{"tables": {"1h2r": [{"size_bytes": 4096, "algorithm": "bogus"}]}}', "bogus"),
                                         ('{"tables": {"1h2r": [{"size_bytes": 4096, "algorithm": "mpi", '
-                                         '"instead": {"algorithm": "nope"}}]}}', "nope")])
+                                         '"instead": {"algorithm": "nope"}}]}}', "nope"),
+                                        ('{"tables": {"1h2r": [{"size_bytes": 4096, "colors": "2"}]}}', "colors"),
+                                        ('{"tables": {"1h2r": [{"size_bytes": 4096, "colors": 0}]}}', "colors"),
+                                        ('{"tables": {"1h2r": [{"size_bytes": 4096, "segment_bytes": 1.5}]}}',
+                                         "segment_bytes"),
+                                        ('{"tables": {"1h2r": [{"size_bytes": 4096, "hierarchical": 1}]}}',
+                                         "hierarchical"),
+                                        ('{"tables": {"1h2r": [{"size_bytes": 4096, "route": "star"}]}}', "route"),
+                                        ('{"tables": {"1h2r": [{"size_bytes": 4096, "algorithm": "mpi", '
+                                         '"instead": {"algorithm": "mpi-ring"}}]}}', "instead that names MPI")])
 def test_a_table_that_would_be_misread_raises_naming_its_file(tmp_path, text, says):
     # it was once followed in part, or ignored for the rules, or failed with a bare KeyError
     path = tmp_path / "table.json"

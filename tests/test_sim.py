@@ -361,6 +361,6 @@ def test_the_check_gates_every_step_but_the_early_ones():
     schedule = build_schedule("ring", model.layout(), (1 << 20) // 4, Params(segment=15360))
     early = [early_steps(schedule, r, EARLY_MAX_BYTES // 4) for r in range(4)]
     assert all(early)   # a ring's first segments wait for nothing
-    plain, check = simulate(schedule, model).time, 10e-3   # longer than a first segment takes
+    plain, check = simulate(schedule, model).time, 0.1   # longer than the early segments take
     assert simulate(schedule, model, gate=check).time == pytest.approx(plain + check)   # nothing early: all wait
     assert plain < simulate(schedule, model, gate=check, early=early).time < plain + check

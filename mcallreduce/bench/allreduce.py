@@ -29,7 +29,7 @@ from ..sim.predict import busbw
 from ..units import format_size, parse_size
 from .output import command, pyplot, save_png, write_json
 from .provenance import provenance, utc_now
-from .timing import carryover_balanced, interleaved, iterations
+from .timing import interleaved, iterations, whole_rounds
 
 DEFAULT_ALGORITHMS = "multicolor,ring,mpi,mpi-ring"
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M,256M"
@@ -175,8 +175,7 @@ def measure_size(run: Runner, algorithms: List[str], size: int, ns: argparse.Nam
     iters = ns.iters
     if iters <= 0:   # ns.seconds per algorithm
         iters = iterations(comm, arms, ns.seconds * len(arms), ns.min_iters, cap=max(200, ns.min_iters))
-    orders = len(carryover_balanced(len(arms)))
-    iters = -(-iters // orders) * orders   # whole rounds of orders: each arm follows every other equally often
+    iters = whole_rounds(iters, len(arms))
     slowest, cpu = interleaved(comm, arms, iters, reset)
     cpu_mean = np.empty(len(names))
     comm.Allreduce(np.median(cpu, axis=0), cpu_mean, op=MPI.SUM)

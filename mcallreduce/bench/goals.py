@@ -50,7 +50,8 @@ class Goal:
 
 
 @dataclass(frozen=True)
-class Layout:
+class GoalSetup:
+    """A layout of the goal runs: its cluster, its benchmark jobs and the goals they measure."""
     cluster: Optional[Tuple[int, str, int]]      # (hosts, rate, ranks per host); None: this host, 2 ranks
     jobs: Dict[str, Tuple[str, ...]]              # job name -> the benchmark's arguments
     goals: Tuple[Goal, ...]
@@ -65,28 +66,28 @@ def _each(text: str, sizes: str, **goal) -> Tuple[Goal, ...]:
 OVER_MPI = dict(job="main", numerator="multicolor", denominator="mpi", field="time_s", target=1.0, at_most=True)
 BEST_MPI = dict(job="main", numerator="best-mpi", denominator="multicolor", field="time_s", target=1.0)
 BENCH_10G = ("--algorithms", "multicolor,mpi,mpi-ring", "--seconds", "0.5", "--min-iters", "5")
-LAYOUTS: Dict[str, Layout] = {
-    "1h2r": Layout(None, {
+LAYOUTS: Dict[str, GoalSetup] = {
+    "1h2r": GoalSetup(None, {
         "main": ("--sizes", "4K,64K,256K,1M,4M,8M,16M,64M,256M", *BENCH_10G),
         "no-check": ("--sizes", "4K", "--algorithms", "multicolor,mpi,mpi-ring", "--no-check", "--seconds", "1")},
         _each("multicolor time / MPI_Allreduce's", "64K,256K,1M,4M,8M,16M,64M,256M", **OVER_MPI)
         + (Goal("the same, 4K, check on", size="4K", **{**OVER_MPI, "target": 2.0}),
            Goal("the same, 4K, MCALLREDUCE_CHECK=0", size="4K", **{**OVER_MPI, "job": "no-check", "target": 1.2}))),
-    "2h10g": Layout((2, "10gbit", 1), {"main": ("--sizes", "4K,64K,256K,1M,4M,8M,32M", *BENCH_10G)},
+    "2h10g": GoalSetup((2, "10gbit", 1), {"main": ("--sizes", "4K,64K,256K,1M,4M,8M,32M", *BENCH_10G)},
                     _each("best MPI / multicolor", "64K,256K,1M,4M,8M,32M", **BEST_MPI)
                     + (Goal("busbw / one-way MPI stream, 32M", "main", "32M", "multicolor", "stream", "busbw_Bps", 0.9),
                        Goal("cpu_s / Open MPI ring's, 32M", "main", "32M", "multicolor", "mpi-ring", "cpu_s", 1.2,
                             at_most=True)),
                     table_sizes="4K,16K,64K,256K,1M,4M,8M,32M", duplex=True),
-    "4h10g": Layout((4, "10gbit", 1), {"main": ("--sizes", "64K,256K,1M,4M,8M,32M", *BENCH_10G)},
+    "4h10g": GoalSetup((4, "10gbit", 1), {"main": ("--sizes", "64K,256K,1M,4M,8M,32M", *BENCH_10G)},
                     _each("best MPI / multicolor", "64K,256K,1M,4M,8M,32M", **BEST_MPI),
                     table_sizes="4K,64K,256K,1M,4M,8M,32M"),
-    "4h200m": Layout((4, "200mbit", 1), {"main": ("--sizes", "64K,1M,32M", "--algorithms", "multicolor,ring,mpi,mpi-ring",
+    "4h200m": GoalSetup((4, "200mbit", 1), {"main": ("--sizes", "64K,1M,32M", "--algorithms", "multicolor,ring,mpi,mpi-ring",
                                                   "--seconds", "1", "--min-iters", "8")},
                      (Goal("busbw / link, 32M", "main", "32M", "multicolor", "link", "busbw_Bps", 0.95),
                       Goal("MPI's default / multicolor, 32M", "main", "32M", "mpi", "multicolor", "time_s", 1.3),
                       Goal("Open MPI's ring / multicolor, 32M", "main", "32M", "mpi-ring", "multicolor", "time_s", 1.0))),
-    "4x2h200m": Layout((4, "200mbit", 2), {"main": ("--sizes", "32M", "--algorithms", "multicolor,ring",
+    "4x2h200m": GoalSetup((4, "200mbit", 2), {"main": ("--sizes", "32M", "--algorithms", "multicolor,ring",
                                                     "--seconds", "1", "--min-iters", "6")},
                        (Goal("our flat ring / hierarchical multicolor, 32M", "main", "32M", "ring", "multicolor",
                              "time_s", 1.1),)),

@@ -69,3 +69,15 @@ def subcommand_command(name: str, argv: Optional[Sequence[str]]) -> List[str]:
 def write_json(path, payload, indent: Optional[int] = 1) -> None:
     """``payload`` as JSON at ``path`` (a str or a Path), through a temporary file."""
     write_text(path, json.dumps(payload, indent=indent))
+
+
+def write_table_json(path, payload: dict) -> None:
+    """A tuning table as JSON whose rows take a line each, so that a reader (and a diff) sees
+    one size per line: ``{"key": value, ..., "section": {"layout": [row, ...]}}``."""
+    def rows(layouts: dict) -> str:
+        return "{\n" + ",\n".join(f"  {json.dumps(layout)}: [\n" + ",\n".join(f"   {json.dumps(row)}" for row in table)
+                                  + "\n  ]" for layout, table in layouts.items()) + "\n }"
+    parts = [f" {json.dumps(key)}: " + (rows(value) if isinstance(value, dict) and value and
+                                        all(isinstance(v, list) for v in value.values()) else json.dumps(value))
+             for key, value in payload.items()]
+    write_text(path, "{\n" + ",\n".join(parts) + "\n}\n")

@@ -9,7 +9,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["alternated", "carryover_balanced", "cpu_seconds", "iterations", "interleaved", "named", "split_arm"]
+__all__ = ["alternated", "carryover_balanced", "cpu_seconds", "iterations", "interleaved", "named", "split_arm",
+           "whole_rounds"]
 
 
 def cpu_seconds() -> float:
@@ -26,7 +27,14 @@ def iterations(comm, arms: Sequence[Callable[[], None]], seconds: float, min_ite
     for arm in arms:
         arm()
     one = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-    return int(min(cap, max(min_iters, seconds / max(one, 1e-6))))
+    return whole_rounds(int(min(cap, max(min_iters, seconds / max(one, 1e-6)))), len(arms))
+
+
+def whole_rounds(iters: int, narms: int) -> int:
+    """``iters`` rounded up to whole rounds of :func:`carryover_balanced`'s orders, so that each arm
+    follows every other equally often."""
+    orders = len(carryover_balanced(narms))
+    return -(-iters // orders) * orders
 
 
 def carryover_balanced(n: int) -> List[List[int]]:

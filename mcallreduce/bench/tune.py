@@ -7,7 +7,7 @@
 For every layout and size, every candidate (colors, segment, hierarchy, route) of the
 multicolor schedule is played on the cost model (:mod:`mcallreduce.sim`) and the
 fastest is kept; the best ring is shown for comparison. The model is the emulated
-cluster with the constants of the last calibration (docs/data/calibration.json, or
+cluster with the constants of the last calibration (mcallreduce/sim/calibration.json, or
 ``--calibration FILE``), or the paper-scale model (``--model paper``). The table is
 written as JSON (``--out``, default docs/data/tuning.json): the format that
 ``MCALLREDUCE_TUNING_FILE`` names and :mod:`mcallreduce.tuning` reads at run time.
@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
-from ..sim.model import paper
-from ..sim.tuner import TUNING_FILE, default_model, load_calibration, table
+from ..sim.model import load_calibration, paper
+from ..sim.tuner import TUNING_FILE, default_model, table
 from ..units import format_size, parse_size
 from .output import write_json
 
@@ -41,14 +41,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--nics", type=int, default=1)
     ap.add_argument("--rate", default="200mbit", help="emulated model: NIC rate")
     ap.add_argument("--sizes", default=DEFAULT_SIZES)
-    ap.add_argument("--calibration", help="calibration JSON (default: docs/data/calibration.json)")
+    ap.add_argument("--calibration", help="calibration JSON (default: the built-in mcallreduce/sim/calibration.json)")
     ap.add_argument("--out", default=str(TUNING_FILE), help="JSON table to write ('-': none)")
     ns = ap.parse_args(argv)
-    sizes = [parse_size(s) for s in ns.sizes.split(",") if s]
-    cal = load_calibration(ns.calibration) or {}
+    try:
+        sizes = [parse_size(s, "--sizes") for s in ns.sizes.split(",") if s]
+        hosts, ranks = (_counts(ns.hosts, "--hosts"), _counts(ns.ranks_per_host, "--ranks-per-host"))
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not sizes or ns.nics < 1:
+        ap.error("--sizes needs at least one size, --nics 1 or more")
+    try:
+        cal = load_calibration(ns.calibration)
+    except ValueError as exc:
+        ap.error(str(exc))
     tables, models = {}, {}
-    for h in (int(x) for x in ns.hosts.split(",")):
-        for r in (int(x) for x in ns.ranks_per_host.split(",")):
+    for h in hosts:
+        for r in ranks:
             layout = [list(range(i * r, (i + 1) * r)) for i in range(h)]
             m = (paper(h, ns.nics, ranks_per_host=r) if ns.model == "paper"
                  else default_model(layout, cal, rate=ns.rate, rails=ns.nics))
@@ -67,6 +76,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         write_json(out, {"model": ns.model, "calibration": cal, "models": models, "tables": tables})
         print(f"# wrote {out}", file=sys.stderr)
     return 0
+
+
+def _counts(text: str, option: str) -> List[int]:
+    """'4,8' -> [4, 8]: whole numbers of at least 1."""
+    try:
+        counts = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise ValueError(f"{option}: {text!r} is not a comma-separated list of whole numbers of 1 or more")
+    return counts
 
 
 if __name__ == "__main__":

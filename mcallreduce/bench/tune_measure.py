@@ -31,7 +31,7 @@ import numpy as np
 from ..config import MPI_ALGORITHMS
 from ..tuning import NONBLOCKING_SECTION, layout_name
 from ..units import format_size, parse_size
-from .output import command, write_json
+from .output import command, write_table_json
 from .provenance import provenance, utc_now
 from .timing import interleaved, iterations
 
@@ -165,7 +165,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         table = {"measured": True, "measured_at_unix": int(time.time()),
                  "mpi": MPI.Get_library_version().split("\n")[0].strip("\0 "), "argv": command(),
                  **provenance(started), **sections}
-        write_json(ns.out, table)
+        write_table_json(ns.out, table)
         print(f"# wrote {ns.out} ({layout})", file=sys.stderr)
         if "nonblocking" not in kinds:    # what the Horovod plugin and DDP then get (docs/ddp.md)
             print("# note: no nonblocking rows: allreduce_async (the Horovod plugin, DDP's hook and backend) "

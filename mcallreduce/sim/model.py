@@ -38,14 +38,20 @@ A :class:`ClusterModel` describes
 """
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..shaping import tbf_burst_bytes
 from ..config import EAGER_HEADER_BYTES, EAGER_LIMIT_BYTES
 from ..units import parse_rate
 
-__all__ = ["ClusterModel", "emulated", "link_bytes_per_s", "paper"]
+__all__ = ["ClusterModel", "emulated", "link_bytes_per_s", "load_calibration", "paper", "CALIBRATION_FILE"]
+
+#: the built-in calibration of the emulated cluster: the report's last measurement and fit
+#: (``python -m mcallreduce.bench report`` writes it; docs/model.md, "Calibration")
+CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
 
 
 def link_bytes_per_s(rate: str) -> float:
@@ -121,10 +127,10 @@ def emulated(hosts: int, ranks_per_host: int = 1, rate: str = "200mbit", rails: 
     polls: ``polling`` (see :class:`ClusterModel`) is on by default.
 
     ``calibration`` is the dict :func:`mcallreduce.sim.calibrate.fit` returns (alpha,
-    nic_efficiency, overhead, gamma, intra_Bps, intra_alpha); without it, defaults measured
-    on the 2-core development machine are used.
+    nic_efficiency, overhead, gamma, intra_Bps, intra_alpha, ...); the constants it lacks come
+    from the built-in calibration (:data:`CALIBRATION_FILE`).
     """
-    c = dict(DEFAULT_CALIBRATION)
+    c = load_calibration()
     c.update(calibration or {})
     return ClusterModel(
         hosts=hosts, ranks_per_host=ranks_per_host, nics=rails,
@@ -139,12 +145,18 @@ def emulated(hosts: int, ranks_per_host: int = 1, rate: str = "200mbit", rails: 
         name=f"emulated {rate}" + (f" x{rails} rails" if rails > 1 else ""))
 
 
-#: constants of the emulated cluster when no calibration file is at hand (overwritten by
-#: the values the report measured; see docs/model.md)
-DEFAULT_CALIBRATION: Dict[str, float] = {
-    "alpha": 120e-6, "nic_efficiency": 0.955, "overhead": 20e-6, "gamma": 1.0 / 1.5e9,
-    "intra_Bps": 1.5e9, "intra_alpha": 25e-6, "peak_Bps": 400e6, "duplex": 0.6,
-}
+def load_calibration(path: Optional[str] = None) -> Dict[str, float]:
+    """The fitted constants of a calibration file (the built-in one by default): its ``fit``
+    section, or the whole file where it is the fit alone."""
+    where = Path(path) if path else CALIBRATION_FILE
+    try:
+        data = json.loads(where.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"calibration file {where}: {exc}") from exc
+    fitted = data.get("fit", data) if isinstance(data, dict) else None
+    if not isinstance(fitted, dict):
+        raise ValueError(f"calibration file {where}: expected a JSON object (a 'fit' section or the fit itself)")
+    return dict(fitted)
 
 
 def paper(hosts: int, nics: int = 1, ranks_per_host: int = 4, nic_policy: str = "rank",

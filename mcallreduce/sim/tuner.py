@@ -10,38 +10,26 @@ colors-by-size table (which was measured) and NCCL's tuner (which is a cost mode
   binned to powers of two and memoised (the runtime never searches: it reads a table);
 * :func:`table` -- the table for a layout and a list of sizes (``python -m mcallreduce.bench tune``),
   in the format :mod:`mcallreduce.tuning` reads back for the policy;
-* :func:`default_model` -- the model for a layout: the calibration file
-  (docs/data/calibration.json, or a path given) of the emulated cluster when present,
-  else the built-in constants.
+* :func:`default_model` -- the model for a layout: the emulated cluster with the calibration
+  given, else the built-in one (mcallreduce/sim/calibration.json).
 
 No ``MCALLREDUCE_*`` variable is read here (config.py reads them all): callers pass paths.
 """
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..algorithms import Params
 from ..config import inter_host_segment_bytes
-from .model import ClusterModel, emulated
+from .model import ClusterModel, emulated, load_calibration
 from .predict import predict
 
-__all__ = ["SEGMENTS", "candidates", "best_params", "table", "default_model", "load_calibration"]
+__all__ = ["SEGMENTS", "candidates", "best_params", "table", "default_model"]
 
 SEGMENTS = (0, inter_host_segment_bytes(), 256 << 10, 1 << 20)   # 60 KiB: eager across hosts
-CALIBRATION_FILE = Path(__file__).resolve().parents[2] / "docs" / "data" / "calibration.json"
 TUNING_FILE = Path(__file__).resolve().parents[2] / "docs" / "data" / "tuning.json"
-
-
-def load_calibration(path: Optional[str] = None) -> Optional[Dict]:
-    path = path or str(CALIBRATION_FILE)
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return data.get("fit", data)
 
 
 def default_model(hosts: Sequence[Sequence[int]], calibration: Optional[Dict] = None,

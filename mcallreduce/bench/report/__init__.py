@@ -9,7 +9,8 @@ emulated cluster up (prefix ``mcrep``), calibrate the model on the first setup
 with multicolor, ring, mpi and mpi-ring (and stock Horovod through horovod.torch when
 it is installed), then take the cluster down. Then predict every measured point with
 the model, check the goals, predict the paper's scale, and write PNG plots
-(docs/img/), raw JSON (docs/data/) and the section of docs/report.md between
+(docs/img/), raw JSON (docs/data/; the calibration is the package's built-in one,
+mcallreduce/sim/calibration.json) and the section of docs/report.md between
 ``<!-- report:begin -->`` and ``<!-- report:end -->`` (the rest of the file is kept).
 
 The steps are modules of their own: :mod:`.measure` (the sweep), :mod:`.model` (predictions
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ...sim.model import link_bytes_per_s
+from ...sim.model import CALIBRATION_FILE, link_bytes_per_s
 from ..output import write_json
 from .measure import ALGOS, measure, setup_name
 from .model import goals, model_points, paper_scale, setup_model
@@ -74,7 +75,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not setups:
         print("report: no measurements in docs/data (run without --skip-measure, as root)", file=sys.stderr)
         return 2
-    cal_doc = json.loads((data / "calibration.json").read_text()) if (data / "calibration.json").exists() else {}
+    cal_doc = json.loads(CALIBRATION_FILE.read_text())   # the built-in calibration: measure() refreshes it
     pts = model_points(setups, cal_doc.get("fit"))
     write_json(data / "model-vs-measured.json", pts)
     from ...sim.tuner import table

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from ...sim.model import link_bytes_per_s
+from ...sim.model import CALIBRATION_FILE, link_bytes_per_s
 from ..autogroups import state_word
 from ..output import write_json
 from ..provenance import machine, provenance, utc_now
@@ -42,7 +42,7 @@ def measure(ns: argparse.Namespace, data: Path) -> None:
             if not calibrated:
                 raw = run_calibration(cluster, python=py, env=env)
                 cal = fit(raw, link_bytes_per_s(ns.rate))
-                write_json(data / "calibration.json", {"setup": setup_name(hosts, rph), "rate": ns.rate,
+                write_json(CALIBRATION_FILE, {"setup": setup_name(hosts, rph), "rate": ns.rate,
                                                        "raw": raw, "fit": cal})
                 calibrated = True
             barrier = run_barrier(cluster, python=py, env=env)

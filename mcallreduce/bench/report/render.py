@@ -158,7 +158,7 @@ def markdown(ns, setups, pts, cal_doc, paper_rows, made, goal_rows, tuning) -> s
         L.append("")
     # model accuracy
     L += ["### Model vs measurement", "", "![model](img/model-vs-measured.png)", "",
-          "Calibrated constants (docs/data/calibration.json, measured on setup "
+          "Calibrated constants (mcallreduce/sim/calibration.json, measured on setup "
           f"{cal_doc.get('setup', '?')}):", ""]
     cal = cal_doc.get("fit", {})
     if cal:
