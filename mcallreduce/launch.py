@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -128,8 +129,18 @@ def run(
 
 
 def exported_env(items: Sequence[str]) -> Dict[str, str]:
-    """``-x`` items as mpirun reads them: NAME=VALUE, or NAME alone for this process's value."""
-    return dict(item.split("=", 1) if "=" in item else (item, os.environ.get(item, "")) for item in items)
+    """``-x`` items as mpirun reads them: NAME=VALUE, or NAME alone for this process's value; a NAME
+    that is not set here is not exported (mpirun warns, and so does this)."""
+    env: Dict[str, str] = {}
+    for item in items:
+        name, value = item.split("=", 1) if "=" in item else (item, os.environ.get(item))
+        if not name:
+            raise ValueError(f"-x {item!r}: no variable name")
+        if value is None:
+            print(f"mcallreduce: -x {name}: not set in this environment, not exported", file=sys.stderr)
+            continue
+        env[name] = value
+    return env
 
 
 def main(args: Optional[Sequence[str]] = None) -> int:
@@ -144,10 +155,13 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     argv = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not argv:
         parser.error("no program given (use: -np N -- program args...)")
-    env = exported_env(ns.env)
-    cmd = mpirun_command(ns.np, argv, env=env)
+    try:
+        env = exported_env(ns.env)
+        cmd = mpirun_command(ns.np, argv, env=env)
+    except ValueError as exc:
+        parser.error(str(exc))
     if ns.dry_run:
-        print(" ".join(cmd))
+        print(shlex.join(cmd))
         return 0
     sys.stdout.flush()
     os.execv(cmd[0], cmd)  # mpirun takes this process's place: signals and exit code go straight through

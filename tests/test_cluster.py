@@ -8,9 +8,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -360,6 +362,51 @@ def test_a_hung_job_is_killed_with_its_ranks(cluster):
     # own, removed by the launcher (they used to pile up in /tmp/ompi.<host>.0, one per kill)
     assert set(glob.glob("/tmp/ompi.*/*")) - sessions == set()
     assert glob.glob(f"/tmp/{PREFIX}-ompi-*") == []
+
+
+@needs_cluster
+def test_a_terminated_or_interrupted_run_takes_its_job_with_it(cluster):
+    # the job runs in a session of its own: a signal to the command once left mpirun and the ranks running
+    for how in ("SIGTERM", "SIGINT"):
+        proc = subprocess.Popen(["python3", "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                                 "os.execvp(sys.argv[1], sys.argv[1:])", *CLI, "--prefix", PREFIX, "run", "--",
+                                 "sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while subprocess.run(["ip", "netns", "pids", cluster.host_ns(1)], capture_output=True, text=True).stdout == "":
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else how
+            time.sleep(0.2)
+        proc.send_signal(getattr(signal, how))
+        assert proc.wait(timeout=30) in (130, 143), how
+        for ns in (cluster.host_ns(0), cluster.host_ns(1), cluster.head_ns):
+            assert subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout == "", (how, ns)
+    assert cli("run", "--timeout", "2", "--", "sleep", "30").returncode == 137   # killed, as a shell reports it
+
+
+@needs_cluster
+def test_a_broken_cluster_is_refused_and_a_rejected_up_leaves_the_running_one_alone(cluster):
+    from mcallreduce.bench.netns import root_namespace_networks
+    taken = next((net for net in root_namespace_networks() if net.is_private and net.prefixlen <= 24), None)
+    if taken is not None:   # a /24 of this machine's own network
+        out = cli("up", "--hosts", "3", "--subnet", str(next(taken.subnets(new_prefix=24))))
+        assert out.returncode == 2 and "overlaps" in out.stderr, out.stderr
+        assert cli("status").returncode == 0   # it used to be taken down before the subnet was checked
+    prefix = "mctestb"
+    try:
+        assert cli("up", "--hosts", "2", prefix=prefix).returncode == 0
+        subprocess.run(["ip", "link", "del", f"{prefix}-h1r0"], check=True)
+        out = cli("run", "--", "hostname", prefix=prefix, timeout=60)
+        assert out.returncode == 2 and "BROKEN" in out.stderr and f"link {prefix}-h1r0" in out.stderr, out.stderr
+    finally:
+        cli("down", prefix=prefix)
+    assert leftovers(prefix) == []
+    out = cli("run", "--", "hostname", prefix=prefix)
+    assert out.returncode == 2 and f"--prefix {prefix} up" in out.stderr, out.stderr
+
+
+@needs_cluster
+def test_bridges_and_ports_take_no_ipv6_address(cluster):
+    v6 = subprocess.run(["ip", "-6", "-o", "addr"], capture_output=True, text=True).stdout
+    assert f"{PREFIX}-" not in v6, v6
 
 
 @needs_cluster

@@ -1,6 +1,8 @@
 """The one MPI launcher: flags depend on the machine, not on the caller."""
 import os
 
+import pytest
+
 from mcallreduce.launch import mpirun_command, run
 
 
@@ -52,3 +54,13 @@ def test_killed_job_leaves_no_shared_memory_behind():
     r = run(2, [sys.executable, "-c", hang], timeout=8)
     assert r.returncode == -9 and r.stdout.count("up") == 2, r.stdout + r.stderr
     assert set(glob.glob("/dev/shm/*")) - before == set()
+
+
+def test_x_exports_as_mpirun_does_and_leaves_an_unset_name_unset(monkeypatch, capsys):
+    from mcallreduce.launch import exported_env
+    monkeypatch.setenv("SET_HERE", "v")
+    monkeypatch.delenv("NOT_SET_HERE", raising=False)
+    assert exported_env(["A=1", "B=x=y", "SET_HERE", "NOT_SET_HERE"]) == {"A": "1", "B": "x=y", "SET_HERE": "v"}
+    assert "NOT_SET_HERE: not set" in capsys.readouterr().err   # it used to be exported, empty
+    with pytest.raises(ValueError, match="no variable name"):
+        exported_env(["=v"])

@@ -26,6 +26,8 @@ The topology and the measured numbers are in docs/cluster.md.
 from __future__ import annotations
 
 import argparse
+import shlex
+import subprocess
 import sys
 from typing import Optional, Sequence
 
@@ -50,6 +52,17 @@ class Cluster(ClusterHosts, ClusterJobs):
 
 
 # ---------------------------------------------------------------- command line
+def positive(text: str) -> int:
+    """A whole number of 1 or more (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return value
+
+
 def main(args: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mcallreduce.bench.cluster", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,7 +92,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     sub.add_parser("status", help="hosts, addresses, qdisc rates, up or not")
     sub.add_parser("down", help="remove everything named <prefix>-*")
     p_run = sub.add_parser("run", help="run an MPI job across the hosts: run [-np N] -- cmd ...")
-    p_run.add_argument("-np", "--np", type=int, default=None, help="ranks (default hosts x R)")
+    p_run.add_argument("-np", "--np", type=positive, default=None, help="ranks (default hosts x R)")
     p_run.add_argument("-x", dest="env", action="append", default=[], metavar="NAME=VALUE")
     p_run.add_argument("--timeout", type=float, default=None, help="seconds (default: none)")
     p_run.add_argument("--dry-run", action="store_true", help="print the command only")
@@ -100,7 +113,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     p_pp = sub.add_parser("pingpong", help="host 0 <-> host 1 latency while the other ranks wait in MPI vs sleep")
     p_pp.add_argument("--size", default="4K", help="message size (default %(default)s)")
     p_pp.add_argument("--count", type=int, default=400, help="timed round trips per case")
-    p_pp.add_argument("-np", "--np", type=int, default=None, help="ranks (default hosts x R), placed by node")
+    p_pp.add_argument("-np", "--np", type=positive, default=None, help="ranks (default hosts x R), placed by node")
     ns = parser.parse_args(args)
     try:
         cluster = Cluster(ns.prefix)
@@ -119,11 +132,11 @@ def main(args: Optional[Sequence[str]] = None) -> int:
             if not argv:
                 parser.error("run: no program given (use: run [-np N] -- program args...)")
             env = launch.exported_env(ns.env)
-            if ns.dry_run:
-                print(" ".join(cluster.horovodrun_gloo_argv(argv, np=ns.np) if ns.gloo else
-                               cluster.mpirun_argv(argv, np=ns.np, env=env)))
+            if ns.dry_run:   # what run executes, less its per-job temporary directory
+                print(shlex.join(cluster.job_argv(argv, np=ns.np, env=env, gloo=ns.gloo)[0]))
                 return 0
-            return cluster.run(argv, np=ns.np, env=env, timeout=ns.timeout, capture=False, gloo=ns.gloo).returncode
+            code = cluster.run(argv, np=ns.np, env=env, timeout=ns.timeout, capture=False, gloo=ns.gloo).returncode
+            return 128 - code if code < 0 else code   # a signal's death as a shell reports it (137: killed)
         elif ns.action in ("check", "allreduce", "duplex", "pingpong"):
             from mcallreduce.bench import cluster_measure
             if ns.action == "check":
@@ -133,8 +146,15 @@ def main(args: Optional[Sequence[str]] = None) -> int:
             if ns.action == "duplex":
                 return cluster_measure.duplex_main(cluster, ns.segments, ns.bytes, ns.window, ns.json)
             return cluster_measure.allreduce_main(cluster, ns.sizes, ns.algorithm)
-    except (ClusterError, ConfigError) as err:
+    except (ClusterError, ConfigError, ValueError, RuntimeError) as err:
         print(f"cluster: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:   # the job is gone with it (Cluster.run)
+        print("cluster: interrupted", file=sys.stderr)
+        return 130
+    except subprocess.CalledProcessError as err:   # a command on the hosts (ip, tc, iperf-like probes) failed
+        print(f"cluster: error: {' '.join(map(str, err.cmd))} failed ({err.returncode}): "
+              f"{(err.stderr or '').strip()[-500:]}", file=sys.stderr)
         return 2
     return 0
 

@@ -42,6 +42,7 @@ class ClusterHosts(ClusterState):
                             keep_autogroups, congestion_control)
         cfg.validate()
         check_congestion_control(congestion_control)
+        self._check_no_overlap(cfg)   # before anything of a running cluster is taken down
         old = self.config()
         leftovers = self._mine(namespaces()) or self._mine(links()) or self.cpu_budget.cgroup_names()
         if old is not None and (old.hosts, old.rails, old.subnet) != (hosts, rails, subnet):
@@ -50,7 +51,6 @@ class ClusterHosts(ClusterState):
         elif old is None and leftovers:
             say(f"found leftovers of '{self.prefix}' without state (a crash?): removing them first")
             self.down()
-        self._check_no_overlap(cfg)
         budget = "" if cpus_per_host is None else f", {cpus_per_host:g} core(s) each per {cpu_period_ms:g} ms"
         frames = "" if mtu == DEFAULT_MTU else f", MTU {mtu}"
         say(f"up: {hosts} hosts x {rails} rail(s) at {rate}{frames}, {ranks_per_host} rank(s) per host{budget}")
@@ -59,7 +59,10 @@ class ClusterHosts(ClusterState):
         for rail in range(rails):
             if self.bridge(rail) not in have_links:
                 sh("ip", "link", "add", self.bridge(rail), "type", "bridge")
-            sh("ip", "link", "set", self.bridge(rail), "mtu", str(mtu), "addrgenmode", "none", "up")
+            # addrgenmode in a command of its own, before up: in one command the kernel brings the link
+            # up first, and a bridge without ports takes an IPv6 link-local address at once
+            sh("ip", "link", "set", self.bridge(rail), "mtu", str(mtu), "addrgenmode", "none")
+            sh("ip", "link", "set", self.bridge(rail), "up")
         self._ensure_namespace(self.head_ns, congestion_control)
         self._ensure_nic(self.head_ns, self.head_port, "eth0", self.bridge(0), cfg.head_address(), None, mtu)
         tbf = tbf_options(parse_rate(rate))
@@ -99,8 +102,10 @@ class ClusterHosts(ClusterState):
         if port not in links():
             sh("ip", "link", "add", port, "type", "veth", "peer", "name", nic, "netns", ns)
         # addrgenmode none: no IPv6 link-local addresses, so no chatter and no stray addresses
-        sh("ip", "link", "set", port, "master", bridge, "mtu", str(mtu), "addrgenmode", "none", "up")
-        sh("ip", "-n", ns, "link", "set", nic, "mtu", str(mtu), "addrgenmode", "none", "up")
+        sh("ip", "link", "set", port, "master", bridge, "mtu", str(mtu), "addrgenmode", "none")
+        sh("ip", "link", "set", port, "up")
+        sh("ip", "-n", ns, "link", "set", nic, "mtu", str(mtu), "addrgenmode", "none")
+        sh("ip", "-n", ns, "link", "set", nic, "up")
         sh("ip", "-n", ns, "addr", "replace", f"{address}/24", "dev", nic)
         if tbf is not None:
             sh("tc", "qdisc", "replace", "dev", port, "root", "tbf", *tbf)  # towards the host

@@ -4,12 +4,14 @@ and running a job from the head namespace, killed with everything on the hosts a
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -109,7 +111,7 @@ class ClusterJobs(ClusterState):
         }
         params.update(mca or {})
         hosts = [f"{cfg.host_address(i)}:{cfg.ranks_per_host}" for i in range(cfg.hosts)]
-        cmd = launch.mpirun_command(np or cfg.hosts * cfg.ranks_per_host, argv, env=env,
+        cmd = launch.mpirun_command(cfg.hosts * cfg.ranks_per_host if np is None else np, argv, env=env,
                                     hosts=hosts, mca=params, extra=extra)
         return ["ip", "netns", "exec", self.head_ns] + cmd
 
@@ -120,8 +122,18 @@ class ClusterJobs(ClusterState):
         horovodrun = shutil.which("horovodrun") or str(Path(sys.executable).with_name("horovodrun"))
         hosts = ",".join(f"{cfg.host_address(i)}:{cfg.ranks_per_host}" for i in range(cfg.hosts))
         return ["ip", "netns", "exec", self.head_ns, "env", f"PATH={self.ssh_dir}:{os.environ.get('PATH', '')}",
-                horovodrun, "--gloo", "-np", str(np or cfg.hosts * cfg.ranks_per_host), "-H", hosts,
+                horovodrun, "--gloo", "-np", str(cfg.hosts * cfg.ranks_per_host if np is None else np), "-H", hosts,
                 "--network-interface", "eth0", *argv]
+
+    def job_argv(self, argv: Sequence[str], np: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
+                 mca: Optional[Mapping[str, str]] = None, extra: Sequence[str] = (),
+                 gloo: bool = False) -> tuple[list[str], dict[str, str]]:
+        """The command :meth:`run` executes for ``argv``, and the variables it exports to the ranks
+        (``env`` and the cluster's own); a cluster that is not up and whole raises ClusterError."""
+        env = {**cluster_env(self._working_config()), **(env or {})}   # what the ranks' records say they ran on
+        cmd = (self.horovodrun_gloo_argv(argv, np=np) if gloo else
+               self.mpirun_argv(argv, np=np, env=env, mca=mca, extra=extra))
+        return cmd, env
 
     def run(self, argv: Sequence[str], np: Optional[int] = None,
             env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = 300.0,
@@ -138,21 +150,22 @@ class ClusterJobs(ClusterState):
         # leave them behind (a killed job always does): one fresh base per job, removed after.
         tmpdir_base = tempfile.mkdtemp(prefix=f"{self.prefix}-ompi-")
         try:   # from here on: building the command line can raise too (a cluster that is down)
-            env = {**cluster_env(self._up_config()), **(env or {})}   # what the ranks' records say they ran on
-            cmd = (self.horovodrun_gloo_argv(argv, np=np) if gloo else
-                   self.mpirun_argv(argv, np=np, env=env, mca={"orte_tmpdir_base": tmpdir_base, **(mca or {})},
-                                    extra=extra))
+            cmd, env = self.job_argv(argv, np, env, {"orte_tmpdir_base": tmpdir_base, **(mca or {})}, extra, gloo)
             full_env = dict(os.environ)
             full_env.update(env or {})
             pipe = subprocess.PIPE if capture else None
             proc = subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, env=full_env,
                                     start_new_session=True)
             try:
-                out, err = proc.communicate(timeout=timeout)
+                with _terminate_raises():
+                    out, err = proc.communicate(timeout=timeout)
                 code = proc.returncode
-            except subprocess.TimeoutExpired:
+            except BaseException as exc:   # a timeout, Ctrl-C or SIGTERM: the job must not outlive its command
                 os.killpg(proc.pid, signal.SIGKILL)
                 kill_processes_in(self._mine(namespaces()))
+                if not isinstance(exc, subprocess.TimeoutExpired):
+                    proc.wait()
+                    raise
                 out, err = proc.communicate()
                 code = -9
                 err = (err or "") + f"\n[cluster] killed after {timeout:.0f}s timeout\n"
@@ -172,3 +185,18 @@ class ClusterJobs(ClusterState):
         script = f'echo $$ > "$1" || exit 255; {MOUNT_CPU_ROOT}; shift 3; exec "$@"'
         return ["ip", "netns", "exec", self.host_ns(host), "/bin/sh", "-c", script, "sh",
                 self.cpu_budget.procs_file(host), *self.cpu_budget.root_in_namespace(), *argv]
+
+
+@contextlib.contextmanager
+def _terminate_raises():
+    """SIGTERM raises SystemExit here (in the main thread), so that a terminated command still kills its job."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    def terminated(signum, frame):
+        raise SystemExit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -272,7 +272,7 @@ def pingpong_main(cluster, size: str, count: int, np: Optional[int]) -> int:
     cfg = _two_hosts(cluster)
     if cfg is None:
         return 2
-    ranks = np or cfg.hosts * cfg.ranks_per_host
+    ranks = cfg.hosts * cfg.ranks_per_host if np is None else np
     say(f"pingpong: host 0 <-> host 1 at {cfg.rate}, {parse_size(size)} B, {count} round trips, {ranks} ranks")
     rows = _rank_job(cluster, "pingpong", ["--bytes", str(parse_size(size)), "--count", str(count)], ranks)
     if rows is None:

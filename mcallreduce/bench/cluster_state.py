@@ -64,7 +64,10 @@ class ClusterConfig:
             raise ClusterError(f"--mtu must be {MIN_MTU}..{MAX_MTU} (IPv4's least datagram to veth's largest frame), "
                                f"got {self.mtu}")
         parse_rate(self.rate)
-        net = ipaddress.ip_network(self.subnet)
+        try:
+            net = ipaddress.ip_network(self.subnet)
+        except ValueError as exc:
+            raise ClusterError(f"--subnet {self.subnet}: {exc}") from None
         if net.prefixlen > 24 - (self.rails > 1) or not net.is_private:
             raise ClusterError(f"--subnet {self.subnet}: need a private /23 or wider (one /24 per rail)")
 
@@ -135,7 +138,15 @@ class ClusterState:
         cfg = self.config()
         if cfg is None:
             raise ClusterError(f"cluster '{self.prefix}' is not up: run "
-                               f"python -m mcallreduce.bench.cluster up --hosts N first")
+                               f"python -m mcallreduce.bench.cluster --prefix {self.prefix} up --hosts N first")
+        return cfg
+
+    def _working_config(self) -> ClusterConfig:
+        """The configuration of a cluster that is up and whole: a job on a broken one would wait forever."""
+        cfg = self._up_config()
+        missing = self._missing_parts(cfg)
+        if missing:
+            raise ClusterError(f"cluster '{self.prefix}' is BROKEN ({'; '.join(missing)}): run up again, or down")
         return cfg
 
     def problems(self) -> list[str]:
@@ -143,14 +154,7 @@ class ClusterState:
         cfg = self.config()
         if cfg is None:
             return ["no state file (never brought up, or taken down)"]
-        have_ns, have_links = set(namespaces()), set(links())
-        wanted_ns = [self.head_ns] + [self.host_ns(i) for i in range(cfg.hosts)]
-        wanted_links = [self.bridge(r) for r in range(cfg.rails)] + [self.head_port] + [
-            self.host_port(i, r) for i in range(cfg.hosts) for r in range(cfg.rails)]
-        missing = [f"namespace {n}" for n in wanted_ns if n not in have_ns]
-        missing += [f"link {n}" for n in wanted_links if n not in have_links]
-        if not self.agent_path.exists():
-            missing.append(f"rsh agent {self.agent_path}")
+        missing = self._missing_parts(cfg)
         if not cfg.keep_autogroups and self.autogroups.enabled():
             missing.append("autogroups off (the kernel's sched_autogroup_enabled is 1)")
         if cfg.cpus_per_host is not None:
@@ -159,6 +163,18 @@ class ClusterState:
                         if budget.limit(i) is None or not os.path.ismount(budget.mount_point(i))]
             if not os.path.ismount(budget.root_mount_point()):
                 missing.append("the cpu hierarchy's mount for the ranks")
+        return missing
+
+    def _missing_parts(self, cfg: ClusterConfig) -> list[str]:
+        """The namespaces, links and rsh agent of ``cfg`` that are gone: without them a job never starts."""
+        have_ns, have_links = set(namespaces()), set(links())
+        wanted_ns = [self.head_ns] + [self.host_ns(i) for i in range(cfg.hosts)]
+        wanted_links = [self.bridge(r) for r in range(cfg.rails)] + [self.head_port] + [
+            self.host_port(i, r) for i in range(cfg.hosts) for r in range(cfg.rails)]
+        missing = [f"namespace {n}" for n in wanted_ns if n not in have_ns]
+        missing += [f"link {n}" for n in wanted_links if n not in have_links]
+        if not self.agent_path.exists():
+            missing.append(f"rsh agent {self.agent_path}")
         return missing
 
     def is_up(self) -> bool:
