@@ -23,8 +23,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     m = sub.add_parser("make-imagenet-like", help="write train/ and val/ ImageFolder trees of ImageNet-sized JPEGs "
                                                 "(crops of photographs shipped in scikit-image and scikit-learn)")
     m.add_argument("dst", help="directory to create")
-    m.add_argument("--train-per-class", type=int, default=100)
-    m.add_argument("--val-per-class", type=int, default=20)
+    m.add_argument("--train-per-class", type=int, default=100, help="images a class in train (default: %(default)s)")
+    m.add_argument("--val-per-class", type=int, default=20, help="images a class in val (default: %(default)s)")
     m.add_argument("--classes", type=int, default=None, help="at most 10 (one per bundled photograph)")
     m.add_argument("--seed", type=int, default=0)
     d = sub.add_parser("make-digits", help="write train/ and val/ trees of scikit-learn's handwritten digits")

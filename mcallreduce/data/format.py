@@ -30,8 +30,10 @@ import struct
 import sys
 import tempfile
 import zlib
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -176,10 +178,7 @@ def pack(src: str, dst: str, *, workers: Optional[int] = None, on_error: str = "
     try:
         with os.fdopen(fd, "wb") as out, progress_bar.bar(len(index), "packing", "img", show=progress) as bar:
             out.write(b"\0" * BLOB_START)
-            # spawn, not fork: packing may be called from an MPI or threaded program.
-            pool = multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else None
-            with pool or contextlib.nullcontext():
-                results = pool.imap(_read_and_check, jobs) if pool else map(_read_and_check, jobs)
+            with contextlib.closing(_read_all(jobs, workers)) as results:
                 position = 0
                 for results_batch in results:
                     for data, reason in results_batch:
@@ -217,6 +216,23 @@ def pack(src: str, dst: str, *, workers: Optional[int] = None, on_error: str = "
         raise
     _fsync_dir(os.path.dirname(dst))
     return PackReport(dst, len(kept), len(index.classes), int(offsets[-1]), skipped)
+
+
+def _read_all(jobs: list, workers: int) -> Iterator[list]:
+    """Each job's files read and checked, in order: by ``workers`` spawned processes, or here."""
+    if workers <= 1:
+        yield from map(_read_and_check, jobs)
+        return
+    # spawn, not fork: packing may be called from an MPI or threaded program
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        yield from pool.map(_read_and_check, jobs)
+    except BrokenProcessPool as exc:
+        raise RuntimeError("mcallreduce.data pack: its worker processes died. Each one imports the main "
+                           "script, so a script must call pack() under `if __name__ == \"__main__\":` "
+                           "(or pass workers=1)") from exc
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _fsync_dir(path: str) -> None:

@@ -88,3 +88,13 @@ def test_cli_pack_reports_and_exit_codes(photo_tree, tmp_path):
     out = subprocess.run([sys.executable, "-m", "mcallreduce.data", "pack", str(tmp_path / "none"), str(tmp_path / "x")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "class folder" in out.stderr
+
+
+def test_pack_from_a_script_without_a_main_guard_fails_at_once_saying_why(clean_tree, tmp_path):
+    # each spawned worker imports the script, which calls pack() again: the pool once respawned them forever
+    script = tmp_path / "unguarded.py"
+    script.write_text(f"import mcallreduce.data\nmcallreduce.data.pack({clean_tree!r}, {str(tmp_path / 's.mcstore')!r}, "
+                      "workers=2, progress=False)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 1 and 'if __name__ == "__main__":' in out.stderr, out.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["unguarded.py"]   # no store, no temporary file
