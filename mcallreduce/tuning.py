@@ -59,6 +59,8 @@ def _check_table(path: str, table) -> None:
         return ConfigError(f"mcallreduce: tuning table {path}: {what} (python -m mcallreduce.bench tune writes one)")
     if not isinstance(table, dict):
         raise bad("not a JSON object")
+    if "tables" not in table and NONBLOCKING_SECTION not in table:   # any other JSON file would be an empty table
+        raise bad(f'neither "tables" nor "{NONBLOCKING_SECTION}" in it')
     for section in ("tables", NONBLOCKING_SECTION):
         layouts = table.get(section, {})
         if not isinstance(layouts, dict) or not all(isinstance(rows, list) for rows in layouts.values()):

@@ -187,6 +187,7 @@ def test_a_call_mpi_cannot_serve_takes_the_rows_fastest_other_candidate(tmp_path
 
 
 @pytest.mark.parametrize("text, says", [('{"tables": {"1h2r": [', "not JSON"), ("[]", "not a JSON object"),
+                                        ('{"a": 1}', 'neither "tables"'),
                                         ('{"tables": {"1h2r": [{"algorithm": "ring"}]}}', "size_bytes"),
                                         ('{"tables": {"1h2r": [{"size_bytes": 4096, "algorithm": "bogus"}]}}', "bogus"),
                                         ('{"tables": {"1h2r": [{"size_bytes": 4096, "algorithm": "mpi", '
