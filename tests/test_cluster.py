@@ -404,6 +404,19 @@ def test_a_broken_cluster_is_refused_and_a_rejected_up_leaves_the_running_one_al
 
 
 @needs_cluster
+def test_status_says_broken_when_a_nic_is_not_shaped_as_up_left_it_and_up_repairs_it(cluster):
+    cfg = cluster.config()
+    other = "1gbit" if parse_rate(cfg.rate) != parse_rate("1gbit") else "100mbit"
+    subprocess.run(["ip", "netns", "exec", cluster.host_ns(1), "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+                    *tbf_options(parse_rate(other))], check=True)
+    out = cli("status")
+    assert out.returncode == 1 and f"host1 eth0: send {parse_rate(other) / 1e6:g}mbit, not {cfg.rate}" in out.stdout, \
+        out.stdout   # it said "up", exit 0
+    cluster.up(cfg.hosts, rate=cfg.rate, ranks_per_host=cfg.ranks_per_host, mtu=cfg.mtu)
+    assert cli("status").returncode == 0
+
+
+@needs_cluster
 def test_bridges_and_ports_take_no_ipv6_address(cluster):
     v6 = subprocess.run(["ip", "-6", "-o", "addr"], capture_output=True, text=True).stdout
     assert f"{PREFIX}-" not in v6, v6

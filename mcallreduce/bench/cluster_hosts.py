@@ -16,7 +16,7 @@ from mcallreduce.bench.cluster_cpu import DEFAULT_CPU_PERIOD_MS
 from mcallreduce.bench.cluster_jobs import kill_processes_in, write_launch_scripts
 from mcallreduce.bench.cluster_state import (DEFAULT_CONGESTION_CONTROL, DEFAULT_MTU, DEFAULT_SUBNET, ClusterConfig,
                                             ClusterState)
-from mcallreduce.bench.netns import (ClusterError, links, namespaces, require_root, root_namespace_networks, say, sh,
+from mcallreduce.bench.netns import (ClusterError, links, namespaces, require_root, root_namespace_networks, say, sh, tbf_rate,
                                      check_congestion_control, set_congestion_control)
 from mcallreduce.bench.output import write_text
 from mcallreduce.shaping import tbf_options
@@ -147,14 +147,14 @@ class ClusterHosts(ClusterState):
                  + ("shared cores" if cfg.cpus_per_host is None else
                     f"{cfg.cpus_per_host:g} core(s) per host (per {cfg.cpu_period_ms:g} ms)") + "; "
                  f"state {self.state_path}"]
-        lines += [f"  missing: {p}" for p in problems]
+        lines += [f"  problem: {p}" for p in problems]
         budget = self.cpu_budget
         lines.append(f"  head  {self.head_ns:<12} eth0 {cfg.head_address():<15} (mpirun runs here, unshaped)")
         for host in range(cfg.hosts):
             for rail in range(cfg.rails):
                 ns, nic = self.host_ns(host), f"eth{rail}"
-                out_rate = _tbf_rate(["-n", ns, "qdisc", "show", "dev", nic])
-                in_rate = _tbf_rate(["qdisc", "show", "dev", self.host_port(host, rail)])
+                out_rate = _rate_text(tbf_rate(ns, nic))
+                in_rate = _rate_text(tbf_rate(None, self.host_port(host, rail)))
                 limit = budget.limit(host) if rail == 0 else None
                 cpu = "" if limit is None else f", cpu {limit[0]:g} per {limit[1]:g} ms"
                 lines.append(f"  host{host:<2} {ns:<12} {nic} {cfg.host_address(host, rail):<15} "
@@ -162,12 +162,5 @@ class ClusterHosts(ClusterState):
         return "\n".join(lines) + "\n"
 
 
-def _tbf_rate(tc_args: list[str]) -> str:
-    proc = sh("tc", "-j", *tc_args, check=False)
-    try:
-        for qdisc in json.loads(proc.stdout or "[]"):
-            if qdisc.get("kind") == "tbf":
-                return f"{qdisc['options']['rate'] * 8 / 1e6:g}mbit"
-    except (ValueError, KeyError):
-        pass
-    return "unshaped?"
+def _rate_text(bits_per_s: Optional[float]) -> str:
+    return "unshaped?" if bits_per_s is None else f"{bits_per_s / 1e6:g}mbit"

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 from mcallreduce.units import parse_rate
 from mcallreduce.bench.autogroups import Autogroups
 from mcallreduce.bench.cluster_cpu import DEFAULT_CPU_PERIOD_MS, HostCpuBudget
-from mcallreduce.bench.netns import ClusterError, links, namespaces
+from mcallreduce.bench.netns import ClusterError, ipv4_addresses, links, namespaces, tbf_rate
 
 __all__ = ["ClusterConfig", "ClusterState", "DEFAULT_CONGESTION_CONTROL", "DEFAULT_PREFIX", "DEFAULT_SUBNET", "STATE_ROOT"]
 
@@ -155,6 +155,8 @@ class ClusterState:
         if cfg is None:
             return ["no state file (never brought up, or taken down)"]
         missing = self._missing_parts(cfg)
+        if not missing:
+            missing += self._misconfigured_nics(cfg)
         if not cfg.keep_autogroups and self.autogroups.enabled():
             missing.append("autogroups off (the kernel's sched_autogroup_enabled is 1)")
         if cfg.cpus_per_host is not None:
@@ -176,6 +178,20 @@ class ClusterState:
         if not self.agent_path.exists():
             missing.append(f"rsh agent {self.agent_path}")
         return missing
+
+    def _misconfigured_nics(self, cfg: ClusterConfig) -> list[str]:
+        """The hosts' NICs whose shaping or address is not what ``up`` set (an interrupted up, a hand-made change)."""
+        wrong, rate = [], parse_rate(cfg.rate)
+        for host in range(cfg.hosts):
+            for rail in range(cfg.rails):
+                ns, nic, port = self.host_ns(host), f"eth{rail}", self.host_port(host, rail)
+                for way, got in (("send", tbf_rate(ns, nic)), ("receive", tbf_rate(None, port))):
+                    if got is None or abs(got - rate) > 0.01 * rate:
+                        wrong.append(f"host{host} {nic}: {way} {'unshaped' if got is None else f'{got / 1e6:g}mbit'}, "
+                                     f"not {cfg.rate}")
+                if cfg.host_address(host, rail) not in ipv4_addresses(ns, nic):
+                    wrong.append(f"host{host} {nic}: no address {cfg.host_address(host, rail)}")
+        return wrong
 
     def is_up(self) -> bool:
         return os.geteuid() == 0 and not self.problems()

@@ -5,6 +5,7 @@ builds hosts from them; :mod:`.cluster_measure` uses them too, without importing
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import shutil
 import subprocess
@@ -82,3 +83,22 @@ def set_congestion_control(netns: str, name: str) -> None:
     # written from inside the namespace, whose /proc/sys/net is its own
     write = f"open('/proc/sys/net/ipv4/tcp_congestion_control', 'w').write({name!r})"
     sh("ip", "netns", "exec", netns, sys.executable, "-c", write)
+
+
+def tbf_rate(netns: Optional[str], dev: str) -> Optional[float]:
+    """The rate (bits/s) of the tbf qdisc on ``dev`` (in ``netns``, or the root namespace), None if it has none."""
+    proc = sh("tc", "-j", *(["-n", netns] if netns else []), "qdisc", "show", "dev", dev, check=False)
+    try:
+        return next((q["options"]["rate"] * 8.0 for q in json.loads(proc.stdout or "[]") if q.get("kind") == "tbf"),
+                    None)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def ipv4_addresses(netns: str, dev: str) -> list[str]:
+    """The IPv4 addresses of ``dev`` in ``netns``."""
+    proc = sh("ip", "-j", "-n", netns, "-4", "addr", "show", "dev", dev, check=False)
+    try:
+        return [a["local"] for link in json.loads(proc.stdout or "[]") for a in link.get("addr_info", [])]
+    except (ValueError, KeyError, TypeError):
+        return []
