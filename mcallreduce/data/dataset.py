@@ -42,7 +42,10 @@ class EncodedImageDataset(Dataset):
             epoch = self.epoch   # one read of the board per item
             image = apply(self.transform, data, None if epoch is None else (epoch, index))
         except Exception as exc:
-            raise type(exc)(f"sample {index} ({self._where(index)}): {exc}") from exc
+            # a note, not a new exception of the same type: not every type takes one message
+            if hasattr(exc, "add_note"):   # Python 3.11
+                exc.add_note(f"mcallreduce.data: while transforming sample {index} ({self._where(index)})")
+            raise
         if self.target_transform is not None:
             target = self.target_transform(target)
         return image, target

@@ -43,8 +43,7 @@ class InMemoryDistributedSampler(Sampler[int]):
             raise ValueError(f"shuffle_mode must be one of {MODES}, got {shuffle_mode!r}")
         if not 0.0 <= exchange_fraction <= 1.0:
             raise ValueError(f"exchange_fraction must be in [0, 1], got {exchange_fraction}")
-        from .store import ImageStore
-        self.store = dataset if isinstance(dataset, ImageStore) else getattr(dataset, "store", None)
+        self.store = _store_of(dataset)
         self._dataset_epoch = getattr(dataset, "set_epoch", None)   # seeded transforms key on the epoch
         # a store opened without MPI holds everything: the world is then the caller's or
         # torch.distributed's, not the store's one rank
@@ -194,3 +193,18 @@ class InMemoryDistributedSampler(Sampler[int]):
         self._yielded = self._start
         if self._dataset_epoch is not None:
             self._dataset_epoch(self.epoch)
+
+
+def _store_of(dataset):
+    """The in-memory store behind ``dataset``: itself, its ``store``, or that of the dataset it wraps
+    (``.dataset``, as torch's Subset names it); None for a dataset with no store behind it."""
+    from .store import ImageStore
+    seen = set()
+    while dataset is not None and id(dataset) not in seen:
+        seen.add(id(dataset))
+        if isinstance(dataset, ImageStore):
+            return dataset
+        if isinstance(getattr(dataset, "store", None), ImageStore):
+            return dataset.store
+        dataset = getattr(dataset, "dataset", None)
+    return None

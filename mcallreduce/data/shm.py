@@ -28,6 +28,7 @@ import secrets
 import signal
 import threading
 import time
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -36,6 +37,7 @@ from ..errors import MemoryBudgetError
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 NAME_PREFIX = "mcallreduce-data-"
+_HELD: "weakref.WeakSet[SharedSegment]" = weakref.WeakSet()   # the segments this process made or joined
 LEFTOVER_AGE_S = 60.0   # a segment's name lives while the host's ranks map it: seconds, not minutes
 
 
@@ -93,6 +95,12 @@ class _unlinked_on_sigterm:
             self.previous = None
 
 
+def held_bytes() -> int:
+    """Bytes of the segments this process made or joined and still holds: the host's shared stores
+    (one copy for the host, which every rank of it maps) and this rank's own epoch caches."""
+    return sum(segment.size for segment in list(_HELD))
+
+
 class SharedSegment:
     """``size`` bytes shared by the ranks of one host (a single process without MPI); with
     ``world`` None, by this process and its DataLoader workers alone."""
@@ -132,6 +140,7 @@ class SharedSegment:
                     os.unlink(path)
                 named.restore()
         self.owner_pid = os.getpid()
+        _HELD.add(self)
         # one rank's failure is the host's: its peers would otherwise wait for it in the store's next step
         if (world.host_any(failure is not None) if world is not None else failure is not None):
             self.close()
@@ -208,3 +217,4 @@ class SharedSegment:
         if getattr(self, "fd", None) is not None:
             os.close(self.fd)
             self.fd = None
+        _HELD.discard(self)

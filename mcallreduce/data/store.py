@@ -22,14 +22,14 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ..config import data as settings
-from ..errors import MemoryBudgetError
+from ..errors import ConfigError, MemoryBudgetError
 from ..units import format_bytes
 from . import world as world_mod
 from .format import StoreFile, read_ranges, scan_image_folder
 from .partition import owner_of_samples
 from . import progress as progress_bar
 from .board import Board
-from .shm import SharedSegment
+from .shm import SharedSegment, held_bytes
 
 
 class StoreCorruptError(ValueError):
@@ -57,8 +57,10 @@ def available_memory() -> Tuple[int, str]:
         st = os.statvfs("/dev/shm")
         candidates.append((st.f_bavail * st.f_frsize, "free space in /dev/shm"))
     cap = settings.memory_limit()
-    if cap is not None:
-        candidates.append((cap, "MCALLREDUCE_DATA_MEMORY_LIMIT"))
+    if cap is not None:   # the other limits see what is held already; this one is told
+        held = held_bytes()
+        candidates.append((cap - held, "MCALLREDUCE_DATA_MEMORY_LIMIT" +
+                           (f", less the {format_bytes(held)} the data package holds here" if held else "")))
     return min(candidates)
 
 
@@ -174,7 +176,7 @@ class ImageStore:
                                     "Run on more hosts (each holds its share), use partition='split' if you asked "
                                     "for 'full', or raise MCALLREDUCE_DATA_MEMORY_LIMIT / _MEMORY_FRACTION.")
                 decision = (partition, None)
-            except MemoryBudgetError as exc:
+            except (MemoryBudgetError, ConfigError) as exc:   # the host's other ranks wait for the decision
                 decision = (partition, exc)
         partition, error = world.host_bcast(decision)
         self.holds_all = partition == "full" or self.layout.num_hosts == 1

@@ -97,6 +97,17 @@ def budget_on_one_host(path):
         expect(segments() == [], f"a segment left after the error: {segments()}")
 
 
+def bad_setting(path):
+    """A memory setting that does not parse, on every rank: every rank raises (the host's other ranks
+    once waited forever for its first rank's decision)."""
+    from mcallreduce.config import ConfigError
+    try:
+        ImageStore.open(path)
+        expect(False, "opened a store with MCALLREDUCE_DATA_MEMORY_FRACTION=2")
+    except ConfigError as exc:
+        expect("MCALLREDUCE_DATA_MEMORY_FRACTION" in str(exc), f"not the setting's error: {exc}")
+
+
 def corrupt(path):
     """A damaged blob fails on every rank with its checksum named."""
     try:
@@ -193,6 +204,6 @@ def validate(path):
 
 if __name__ == "__main__":
     {"shared": shared, "raise": raise_after_load, "budget": budget, "budget_on_one_host": budget_on_one_host,
-     "corrupt": corrupt,
+     "corrupt": corrupt, "bad_setting": bad_setting,
      "exchange": exchange, "validate": validate}[sys.argv[1]](sys.argv[2])
     sys.exit("\n".join(failures) if failures else 0)

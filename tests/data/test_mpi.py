@@ -43,6 +43,10 @@ def test_memory_budget_error_is_clear_and_collective(packed):
     assert our_segments() <= before
 
 
+def test_a_memory_setting_that_does_not_parse_raises_on_every_rank(packed):
+    passed(job(2, "bad_setting", packed[0], env={"MCALLREDUCE_DATA_MEMORY_FRACTION": "2"}))
+
+
 def test_a_budget_error_on_one_host_is_every_hosts(packed):
     passed(job(2, "budget_on_one_host", packed[0], env={"MCALLREDUCE_RANKS_PER_HOST": "1"}))
 
