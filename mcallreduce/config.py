@@ -47,7 +47,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional
 
-from .envparse import parse_choice, parse_integer, parse_seconds, parse_size_up_to, parse_switch
+from .envparse import leading_integer, parse_choice, parse_integer, parse_seconds, parse_size_up_to, parse_switch
 from .errors import ConfigError
 from .units import parse_size
 
@@ -265,8 +265,7 @@ def bucket_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
         fusion = _env(environ, FUSION_VARIABLE)
         if not fusion:
             return DEFAULT_BUCKET_BYTES
-        threshold = parse_integer(FUSION_VARIABLE, fusion, 0, auto=False)
-        return max(1, threshold)
+        return max(1, leading_integer(fusion))   # as Horovod reads it
     size = parse_size(value, BUCKET_VARIABLE)
     if size <= 0:
         raise ConfigError(f"{BUCKET_VARIABLE}={value!r}: expected a size > 0 such as 4M or 262144")
@@ -286,8 +285,9 @@ def gradient_as_bucket_view(environ: Optional[Mapping[str, str]] = None) -> bool
 
 
 def timeline_file(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """MCALLREDUCE_TIMELINE, else Horovod's HOROVOD_TIMELINE: the routed calls' Chrome trace."""
-    return _env(environ, "MCALLREDUCE_TIMELINE") or _env(environ, "HOROVOD_TIMELINE") or None
+    """MCALLREDUCE_TIMELINE, else HOROVOD_TIMELINE unless DYNAMIC: the routed calls' Chrome trace."""
+    path = _env(environ, "MCALLREDUCE_TIMELINE") or _env(environ, "HOROVOD_TIMELINE") or None
+    return None if path == "DYNAMIC" else path
 
 
 # ---------------------------------------------------------------- stalls

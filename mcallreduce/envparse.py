@@ -6,6 +6,7 @@ reads every variable and parses it with these (sizes through :func:`mcallreduce.
 """
 from __future__ import annotations
 
+import re
 from typing import Optional, Sequence
 
 from .errors import ConfigError
@@ -65,3 +66,10 @@ def parse_seconds(variable: str, value: str) -> float:
     if number < 0:
         raise ConfigError(f"{variable}={value!r}: expected a number of seconds >= 0")
     return number
+
+
+def leading_integer(text: str) -> int:
+    """The integer ``text`` starts with, as C's strtol reads it (Horovod's own variables): "64MB" is 64,
+    a text with none is 0."""
+    leading = re.match(r"\s*[+-]?\d+", text)
+    return int(leading.group()) if leading else 0

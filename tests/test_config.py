@@ -219,6 +219,10 @@ def test_horovod_and_data_variables():
     assert c.bucket_bytes({}) == 25 << 20 and c.bucket_bytes({"MCALLREDUCE_BUCKET_BYTES": "4M"}) == 4 << 20
     assert c.bucket_bytes({"HOROVOD_FUSION_THRESHOLD": "67108864"}) == 64 << 20      # Horovod's knob
     assert c.bucket_bytes({"HOROVOD_FUSION_THRESHOLD": "0"}) == 1                    # no fusion
+    # read as Horovod reads it (strtol: the leading integer), where hvd.init() once raised on what stock takes
+    assert [c.bucket_bytes({"HOROVOD_FUSION_THRESHOLD": v}) for v in ("64MB", "1e6", "-1", "x")] == [64, 1, 1, 1]
+    assert c.timeline_file({"HOROVOD_TIMELINE": "DYNAMIC"}) is None   # Horovod's "hvd.start_timeline() decides"
+    assert c.timeline_file({"HOROVOD_TIMELINE": "t.json"}) == "t.json"
     assert c.bucket_bytes({"HOROVOD_FUSION_THRESHOLD": "0", "MCALLREDUCE_BUCKET_BYTES": "1M"}) == 1 << 20
     assert c.stall_check_seconds({}) == 60 and c.stall_check_seconds({"HOROVOD_STALL_CHECK_TIME_SECONDS": "5"}) == 5
     assert c.stall_check_seconds({"HOROVOD_STALL_CHECK_TIME_SECONDS": "5",
@@ -234,7 +238,6 @@ def test_horovod_and_data_variables():
                     (c.bucket_bytes, {"MCALLREDUCE_BUCKET_BYTES": "0"}),
                     (c.gradient_as_bucket_view, {"MCALLREDUCE_GRADIENT_AS_BUCKET_VIEW": "auto"}),
                     (c.bucket_bytes, {"MCALLREDUCE_BUCKET_BYTES": "lots"}),
-                    (c.bucket_bytes, {"HOROVOD_FUSION_THRESHOLD": "-1"}),
                     (c.stall_check_seconds, {"MCALLREDUCE_STALL_CHECK_TIME_SECONDS": "soon"})]:
         with pytest.raises(ConfigError, match=next(iter(env))):
             fn(env)

@@ -283,6 +283,8 @@ def _why_stock(optimizer, compression, op, process_set, forced: bool = False) ->
         return "a process set other than the global one"
     if compression not in (_stock.Compression.none, _stock.Compression.fp16):
         return f"compression {getattr(compression, '__name__', compression)}"
+    if compression is _stock.Compression.fp16 and torch.float16 not in ROUTER.dtypes:
+        return "float16 compression under MPI's own allreduce (MPI has no float16)"
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad and not supported(p.detach()):

@@ -24,7 +24,7 @@ import torch
 
 from . import state
 from .join import join
-from .router import ROUTER, SUPPORTED_DTYPES
+from .router import ROUTER
 
 __all__ = ["MpiLibProxy"]
 
@@ -86,7 +86,7 @@ class MpiLibProxy:
         for t in tensors:
             if t.device.type != "cpu":
                 return f"{t.device.type} tensors"
-            if t.dtype not in SUPPORTED_DTYPES:
+            if t.dtype not in ROUTER.dtypes:
                 return f"dtype {t.dtype}"
         return None
 

@@ -130,6 +130,10 @@ def _activate(hvd, comm_arg) -> None:
         runtime.start_progress_thread(comm)
     atexit.register(_stop_progress)   # runs before Horovod's atexit shutdown (registered earlier)
     ROUTER.comm = comm
+    # MPI has no float16: under MCALLREDUCE_ALGORITHM=mpi or mpi-ring, Horovod's own path reduces it
+    import torch
+    from .router import SUPPORTED_DTYPES
+    ROUTER.dtypes = SUPPORTED_DTYPES - {torch.float16} if settings.algorithm in config.MPI_ALGORITHMS else SUPPORTED_DTYPES
     path = timeline.path_for(ctx.rank)
     if path is None or ROUTER.timeline is None or ROUTER.timeline.path != path:   # hvd.init() after shutdown appends
         ROUTER.timeline = timeline.Timeline(path, ctx.rank) if path else None

@@ -19,7 +19,7 @@ SUPPORTED_DTYPES = frozenset(DTYPE_CODE)
 
 
 def supported(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and t.dtype in SUPPORTED_DTYPES and not t.is_sparse and t.is_contiguous()
+    return t.device.type == "cpu" and t.dtype in ROUTER.dtypes and not t.is_sparse and t.is_contiguous()
 
 
 class Routed:
@@ -111,6 +111,7 @@ class Router:
         self.inflight: Dict[int, Routed] = {}
         self.timeline = None       # a horovod.timeline.Timeline when one is asked for
         self.names: Dict[str, int] = {}   # name -> its latest handle: Horovod refuses a second one in flight
+        self.dtypes = SUPPORTED_DTYPES    # what is routed: under MPI's own allreduce, not float16 (hvd.init())
         self._next = 0
 
     def new_handle(self) -> int:

@@ -20,10 +20,11 @@ def conformance(np_, env, path):
     return saved["results"], result
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_plugin_matches_stock_horovod(np_, tmp_path):
+# mpi: the plugin running MPI's own allreduce, which has no float16 (that falls back to stock; it once raised)
+@pytest.mark.parametrize("np_, algorithm", [(2, "multicolor"), (3, "multicolor"), (2, "mpi")])
+def test_plugin_matches_stock_horovod(np_, algorithm, tmp_path):
     stock, _ = conformance(np_, OFF, tmp_path / "stock.pt")
-    plugin, run = conformance(np_, ON, tmp_path / "plugin.pt")
+    plugin, run = conformance(np_, {**ON, "MCALLREDUCE_ALGORITHM": algorithm}, tmp_path / "plugin.pt")
     assert "allreduce active" in run.stderr and "allreduce active" not in run.stdout
     assert stock.keys() == plugin.keys()
     for name in ERROR_CASES:   # the error cases raise in both modes
