@@ -100,7 +100,7 @@ def exchange_epoch(store: ImageStore, assignment: np.ndarray) -> ExchangePlan:
                             f"host {store.layout.host}'s ranks, and their send buffers)",
                             "Use shuffle_mode='local' or a smaller exchange fraction, or more hosts.")
         segment, cache_ids, cache_positions, cache = store.new_epoch_cache(len(recv), int(plan.sizes[recv].sum()))
-    except MemoryError as exc:   # the budget, or no room left in /dev/shm: every rank raises
+    except (MemoryError, OSError) as exc:   # the budget, no room in /dev/shm, a failed mapping: every rank raises
         error = exc
     errors = [e for e in world.comm.allgather(error) if e is not None]
     if errors:
