@@ -13,11 +13,13 @@ import os
 import sys
 import warnings
 
+import torch
+
 from .. import config, policy
 from ..launch import launched_by_mpirun
 from . import state, timeline
 from .bucketing import make_distributed_optimizer
-from .router import ROUTER
+from .router import ROUTER, SUPPORTED_DTYPES
 from .mpi_lib_proxy import MpiLibProxy
 
 
@@ -131,8 +133,6 @@ def _activate(hvd, comm_arg) -> None:
     atexit.register(_stop_progress)   # runs before Horovod's atexit shutdown (registered earlier)
     ROUTER.comm = comm
     # MPI has no float16: under MCALLREDUCE_ALGORITHM=mpi or mpi-ring, Horovod's own path reduces it
-    import torch
-    from .router import SUPPORTED_DTYPES
     ROUTER.dtypes = SUPPORTED_DTYPES - {torch.float16} if settings.algorithm in config.MPI_ALGORITHMS else SUPPORTED_DTYPES
     path = timeline.path_for(ctx.rank)
     if path is None or ROUTER.timeline is None or ROUTER.timeline.path != path:   # hvd.init() after shutdown appends

@@ -13,10 +13,6 @@ static MPI_Datatype mpi_type(int dtype) {
     case DT_F64: return MPI_DOUBLE;
     case DT_I32: return MPI_INT32_T;
     case DT_I64: return MPI_INT64_T;
-    case DT_I8: return MPI_INT8_T;
-    case DT_U8: case DT_BOOL: return MPI_UINT8_T;   /* a bool's sum and product arrive as max and min */
-    case DT_I16: return MPI_INT16_T;
-    case DT_U16: return MPI_UINT16_T;
     default: return MPI_DATATYPE_NULL;
     }
 }
