@@ -161,7 +161,8 @@ class ClusterJobs(ClusterState):
                     out, err = proc.communicate(timeout=timeout)
                 code = proc.returncode
             except BaseException as exc:   # a timeout, Ctrl-C or SIGTERM: the job must not outlive its command
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):   # it may have ended as the signal came
+                    os.killpg(proc.pid, signal.SIGKILL)
                 kill_processes_in(self._mine(namespaces()))
                 if not isinstance(exc, subprocess.TimeoutExpired):
                     proc.wait()
