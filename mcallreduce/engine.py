@@ -178,8 +178,16 @@ class Engine:
         self._closed = False
 
     def set_window(self, win, address: int, slot_bytes: int, small_bytes: int) -> None:
+        """Use (or, with ``win`` None, stop using) a shared-memory window for the one-host stages."""
+        # the progress thread holds the lock while it runs: pause it, so calls in flight end first
+        restart = self.threaded
+        self.stop_thread()
         with self.lock:
+            while self.calls:
+                self._report(self.native.progress(True, -1))
             self.native.set_window(win.py2f() if win is not None else -1, address, slot_bytes, small_bytes)
+        if restart:
+            self.start_thread()
 
     # ------------------------------------------------------------------ submission
     @property

@@ -31,6 +31,7 @@ def both_arms_against_gloo(request):
 @pytest.mark.parametrize("arm, variants", [("hook", 10), ("backend", 11)])
 def test_ddp_ends_with_the_parameters_of_ddp_on_gloo(both_arms_against_gloo, arm, variants):
     np_, result = both_arms_against_gloo
+    assert result.returncode == 0, explain(result)
     assert f"{arm} on cpu: {variants} variants agree with gloo at {np_} ranks" in result.stdout, explain(result)
 
 
