@@ -87,6 +87,19 @@ def test_a_cpu_budget_or_mtu_out_of_range_is_refused_before_anything_is_made():
             ClusterConfig(2, mtu=mtu).validate()
 
 
+def test_measurement_sizes_and_windows_that_measure_nothing_are_refused_before_any_job(capsys):
+    """Checked before the cluster is looked at: no cluster named PREFIX is up here."""
+    for args, match in ((["allreduce", "--sizes", "8M,3"], "3 bytes is not a positive multiple of 4"),
+                        (["allreduce", "--sizes", "0"], "0 bytes"),
+                        (["duplex", "--segments", "60K,0"], "--segments: 0 bytes"),
+                        (["duplex", "--bytes", "0"], "--bytes: 0 bytes")):
+        assert main(["--prefix", PREFIX, *args]) == 2
+        assert match in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["--prefix", PREFIX, "duplex", "--window", "0"])
+    assert exit_.value.code == 2 and "'0' is not a whole number of 1 or more" in capsys.readouterr().err
+
+
 def test_non_root_gets_a_clear_error(capsys):
     args = ["--prefix", PREFIX, "up", "--hosts", "2"]
     if os.geteuid() != 0:  # we are the unprivileged user already
@@ -309,7 +322,9 @@ def test_a_cpu_budget_per_host_caps_a_rank_with_its_threads_and_children(cluster
     finally:
         cluster.up(2, rate="200mbit")
     assert cluster.cpu_budget.cgroup_names() == [] and "cpu " not in cli("status").stdout
-    rows = sorted(line.split() for line in cluster.run([sys.executable, str(script)], timeout=120).stdout.splitlines())
+    out = cluster.run([sys.executable, str(script)], timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = sorted(line.split() for line in out.stdout.splitlines())
     assert len(rows) == 2 and not any(PREFIX in r[1] for r in rows), rows
     assert all(float(r[2]) > 2 * budgeted for r in rows), rows     # the shared machine again
     assert all(float(r[3]) == len(os.sched_getaffinity(0)) for r in rows), rows

@@ -258,6 +258,7 @@ def test_batch_normalize_equals_per_image_normalisation(store):
     sampler = list(range(40))
     ours = list(ThreadedLoader(raw, batch_size=16, sampler=sampler, num_threads=2, batch_transform=Normalize()))
     reference = list(ThreadedLoader(dataset, batch_size=16, sampler=sampler, num_threads=2))
+    assert len(ours) == len(reference) == 3
     for (a, la), (b, lb) in zip(ours, reference):
         assert a.dtype == torch.float32 and torch.allclose(a, b, atol=1e-5) and torch.equal(la, lb)
     # The same boxes and flips (same seed) give the same training tensors, uint8 + Normalize or float.

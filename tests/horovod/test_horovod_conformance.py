@@ -27,16 +27,15 @@ def test_plugin_matches_stock_horovod(np_, algorithm, tmp_path):
     plugin, run = conformance(np_, {**ON, "MCALLREDUCE_ALGORITHM": algorithm}, tmp_path / "plugin.pt")
     assert "allreduce active" in run.stderr and "allreduce active" not in run.stdout
     assert stock.keys() == plugin.keys()
-    for name in ERROR_CASES:   # the error cases raise in both modes
-        assert isinstance(stock[name], str) and stock[name].startswith("raised"), (name, stock[name])
-        assert isinstance(plugin[name], str) and plugin[name].startswith("raised"), (name, plugin[name])
+    # the error cases, and only they, raise in stock Horovod (a case that raises everywhere tests nothing)
+    assert {n for n, v in stock.items() if isinstance(v, str)} == set(ERROR_CASES), stock
     # in place, the tensor is left as it was on every rank (all ranks agree: checked above)
     assert stock["inplace_other_shape_unchanged"] == plugin["inplace_other_shape_unchanged"] \
         == "raised HorovodInternalError; unchanged True", plugin["inplace_other_shape_unchanged"]
     for name, want in stock.items():
         got = plugin[name]
-        if isinstance(want, str):
-            assert type(got) is str, (name, want, got)
+        if isinstance(want, str):   # the same exception as stock's
+            assert got == want, (name, want, got)
             continue
         assert got.dtype == want.dtype and got.shape == want.shape, name
         if not want.is_floating_point():

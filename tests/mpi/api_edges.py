@@ -76,7 +76,8 @@ def raising_callback():
     first.add_done_callback(lambda handle: 1 / 0)
     assert within(10, second.wait) is b and within(10, first.wait) is a and a[0] == b[0] == size
     assert "ZeroDivisionError" in logged.getvalue(), logged.getvalue()
-    within(10, lambda: mcallreduce.allreduce(np.ones(4, np.float32)))
+    after = within(10, lambda: mcallreduce.allreduce(np.ones(4, np.float32)))
+    assert isinstance(after, np.ndarray) and after[0] == size, after
 
 
 def option_on_one_rank():
@@ -95,8 +96,8 @@ def every_tag_window_in_flight():
         time.sleep(1)   # the other rank reaches the limit first
     buffers = [np.ones(4, np.float32) for _ in range(windows + 1)]
     handles = [mcallreduce.allreduce_async(b) for b in buffers]
-    within(30, lambda: [h.wait() for h in handles])
-    assert all(b[0] == size for b in buffers)
+    waited = within(30, lambda: [h.wait() for h in handles])
+    assert isinstance(waited, list) and all(b[0] == size for b in buffers), waited
 
 
 def closed_with_a_call_in_flight():

@@ -1,8 +1,9 @@
 """A small CNN trained with hvd.DistributedOptimizer on synthetic data (fixed seeds).
 
 Usage (under mpirun): train_cnn.py OUT.pt [steps] [keep-grads]
-Rank 0 saves the final parameters, the per-step loss averaged over ranks, and how many storages
-the gradients live in after the last step. keep-grads zeroes them in place (model.zero_grad(set_to_none=False)).
+Every rank checks that it ends with rank 0's parameters; rank 0 saves them, the per-step loss
+averaged over ranks, and how many storages the gradients live in after the last step.
+keep-grads zeroes them in place (model.zero_grad(set_to_none=False)).
 """
 import sys
 
@@ -43,6 +44,12 @@ for step in range(steps):
     optimizer.step()
     losses.append(hvd.allreduce(loss.detach(), name="loss").item())
 
+# every rank applied the same reduced gradients: the same parameters, bitwise (BatchNorm's running
+# statistics are each rank's own)
+final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+agree = hvd.allgather_object(torch.equal(final, hvd.broadcast(final, root_rank=0, name="final_parameters")))
+if not all(agree):
+    sys.exit(f"rank {hvd.rank()}: the ranks' parameters differ after training: {agree}")
 if hvd.rank() == 0:
     torch.save({"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
                 "losses": losses,
