@@ -108,7 +108,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     p_dx = sub.add_parser("duplex", help="MPI streams host 0 <-> host 1: one way vs both ways, per message size")
     p_dx.add_argument("--segments", default="60K,256K,1M", help="message sizes, e.g. 60K,256K")
     p_dx.add_argument("--bytes", default="32M", help="bytes per direction and size")
-    p_dx.add_argument("--window", type=int, default=8, help="messages in flight per direction")
+    p_dx.add_argument("--window", type=positive, default=8, help="messages in flight per direction")
     p_dx.add_argument("--json", help="also write the rows to this file")
     p_pp = sub.add_parser("pingpong", help="host 0 <-> host 1 latency while the other ranks wait in MPI vs sleep")
     p_pp.add_argument("--size", default="4K", help="message size (default %(default)s)")
@@ -123,8 +123,9 @@ def main(args: Optional[Sequence[str]] = None) -> int:
             print(cluster.status_text(), end="")
         elif ns.action == "status":
             require_root()
-            print(cluster.status_text(), end="")
-            return 0 if cluster.is_up() else 1
+            problems = cluster.problems()
+            print(cluster.status_text(problems), end="")
+            return 0 if not problems else 1
         elif ns.action == "down":
             cluster.down()
         elif ns.action == "run":

@@ -133,13 +133,14 @@ class ClusterHosts(ClusterState):
         say(f"down: removed {len(removed)} item(s) of '{self.prefix}'")
         return removed
 
-    def status_text(self) -> str:
+    def status_text(self, problems: Optional[list[str]] = None) -> str:
+        """What ``status`` prints; ``problems``: :meth:`problems`, where the caller has them already."""
         cfg = self.config()
         leftovers = self._mine(namespaces()) + self._mine(links()) + self.cpu_budget.cgroup_names()
         if cfg is None:
             extra = f"; leftovers (run down): {', '.join(leftovers)}" if leftovers else ""
             return f"cluster '{self.prefix}': down{extra}\n"
-        problems = self.problems()
+        problems = self.problems() if problems is None else problems
         lines = [f"cluster '{self.prefix}': {'up' if not problems else 'BROKEN (run up again)'}: "
                  f"{cfg.hosts} hosts x {cfg.rails} rail(s), rate {cfg.rate} per direction, "
                  f"{cfg.ranks_per_host} rank(s) per host, MTU {cfg.mtu}, TCP {cfg.congestion_control}, "

@@ -151,14 +151,24 @@ def measure_allreduce(cluster, sizes: Sequence[int], algorithm: str = "default",
     return results
 
 
+def _sizes(text: str, what: str, multiple: int = 1) -> List[int]:
+    """Comma-separated sizes, each at least ``multiple`` bytes and a multiple of it."""
+    sizes = [parse_size(s, what) for s in text.split(",")]
+    for size in sizes:
+        if size < multiple or size % multiple:
+            raise ValueError(f"{what}: {size} bytes is not a positive multiple of {multiple}")
+    return sizes
+
+
 def allreduce_main(cluster, sizes: str, algorithm: str) -> int:
+    byte_sizes = _sizes(sizes, "--sizes", 4)   # float32 elements
     require_root()
     cfg = cluster.config()
     if cfg is None:
         print("the cluster is not up", file=sys.stderr)
         return 2
     say(f"allreduce: {algorithm} algorithm, {cfg.hosts} hosts x {cfg.ranks_per_host} ranks at {cfg.rate}")
-    for row in measure_allreduce(cluster, [parse_size(s) for s in sizes.split(",")], algorithm):
+    for row in measure_allreduce(cluster, byte_sizes, algorithm):
         print(f"{algorithm:8} {row['bytes'] / (1 << 20):6.1f} MiB on {row['ranks']} ranks: "
               f"{row['seconds'] * 1e3:8.1f} ms  algbw {row['algbw_MBps']:6.1f} MB/s  "
               f"busbw {row['busbw_MBps']:6.1f} MB/s  (link {cfg.rate_bytes_per_s / 1e6:.1f} MB/s)")
@@ -286,13 +296,16 @@ def pingpong_main(cluster, size: str, count: int, np: Optional[int]) -> int:
 def duplex_main(cluster, segments: str, total: str, window: int, json_path: Optional[str] = None) -> int:
     """``cluster duplex``: one-way vs two-way MPI streams between host 0 and host 1; with
     ``json_path``, the rows are also written there."""
+    segment_sizes, (total_bytes,) = _sizes(segments, "--segments"), _sizes(total, "--bytes")
+    if window < 1:
+        raise ValueError(f"--window: {window} is not a whole number of 1 or more")
     cfg = _two_hosts(cluster)
     if cfg is None:
         return 2
     started = utc_now()
     say(f"duplex: host 0 <-> host 1 at {cfg.rate}, {window} messages in flight per direction")
-    rows = _rank_job(cluster, "duplex", ["--segments", ",".join(str(parse_size(s)) for s in segments.split(",")),
-                                         "--bytes", str(parse_size(total)), "--window", str(window)], 2)
+    rows = _rank_job(cluster, "duplex", ["--segments", ",".join(map(str, segment_sizes)),
+                                         "--bytes", str(total_bytes), "--window", str(window)], 2)
     if rows is None:
         return 1
     print(f"{'segment':>9} {'one way MB/s':>13} {'both ways MB/s':>15} {'ratio':>6}")
@@ -302,7 +315,7 @@ def duplex_main(cluster, segments: str, total: str, window: int, json_path: Opti
         print(f"{seg:>9} {one:>13.1f} {two:>15.1f} {two / one:>6.2f}")
     if json_path:
         write_json(json_path, {"argv": command(), **provenance(started, cfg), "rate": cfg.rate, "window": window,
-                               "bytes_per_direction": parse_size(total), "rows": rows})
+                               "bytes_per_direction": total_bytes, "rows": rows})
     return 0
 
 
