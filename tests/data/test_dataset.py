@@ -4,7 +4,6 @@ import math
 import os
 import pickle
 import random
-import re
 
 import numpy as np
 import pytest
