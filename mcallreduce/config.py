@@ -33,8 +33,8 @@ is imported, so this module and its parsers import only the standard library):
 
 the stall inspector's ``MCALLREDUCE_STALL_CHECK_TIME_SECONDS`` (60), ``MCALLREDUCE_STALL_CHECK_DISABLE``
 and ``MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS`` (each falling back to Horovod's ``HOROVOD_*``
-of the same name), and the data package's ``MCALLREDUCE_DATA_*`` variables (:data:`DATA_VARIABLES`, read through
-the :class:`data` namespace; docs/data.md lists them). Read once, at first use (like Horovod's); a
+of the same name). The data package's ``MCALLREDUCE_DATA_*`` variables are parsed in
+:mod:`mcallreduce.data.settings` (docs/data.md lists them). Read once, at first use (like Horovod's); a
 process that changes them later calls :func:`reload`. ``auto`` values are resolved per message size by
 :func:`mcallreduce.policy.resolve` (this module only parses). ``MCALLREDUCE_RANKS_PER_HOST`` groups
 consecutive ranks into virtual hosts, to exercise the hierarchical schedules on one machine.
@@ -42,7 +42,7 @@ consecutive ranks into virtual hosts, to exercise the hierarchical schedules on 
 """
 from __future__ import annotations
 
-import contextlib
+import numbers
 import os
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional
@@ -53,7 +53,9 @@ from .units import parse_size
 
 __all__ = ["ALGORITHMS", "MPI_ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_size",
            "horovod_switch", "horovod_requested_by_startup_hook", "horovod_requested_by_import",
-           "bucket_bytes", "progress_thread_setting", "gradient_as_bucket_view", "stall_check_seconds", "stall_shutdown_seconds", "timeline_file", "data"]
+           "bucket_bytes", "progress_thread_setting", "gradient_as_bucket_view", "stall_check_seconds",
+           "stall_shutdown_seconds", "timeline_file", "env_text", "read_ranks_per_host",
+           "horovod_mpi_threads_disabled"]
 
 #: MPI's own allreduce: "mpi" is MPI_Allreduce itself (stock Horovod's CPU path), "mpi-ring"
 #: Open MPI's ring allreduce (as "mpi" where it cannot be forced: mcallreduce/mpit.py)
@@ -179,6 +181,10 @@ class Config:
                 raise ConfigError(f"mcallreduce: unknown allreduce option(s) {unknown}; the options: mcallreduce.Config")
             if changes.get("route") not in (None,) + ROUTES:
                 raise ConfigError(f"route={changes['route']!r}: allowed values are {', '.join(ROUTES)}")
+            for name, low in (("colors", 1), ("fanout", 2), ("segment_bytes", 0), ("depth", 1)):
+                value = changes.get(name, low)   # 0 colors once meant auto, and turned the one-host stage off
+                if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
+                    raise ConfigError(f"{name}={value!r}: allowed values are whole numbers >= {low}")
             if len(_overridden) > 1024:
                 _overridden.clear()
             hit = _overridden[key] = replace(self, **changes)
@@ -194,7 +200,7 @@ def _existing_file(path: Optional[str]) -> Optional[str]:
     if path is not None and not os.path.isfile(path):
         raise ConfigError(f"MCALLREDUCE_TUNING_FILE={path!r}: no such file "
                           "(write one with: python -m mcallreduce.bench tune --out FILE)")
-    return path
+    return None if path is None else os.path.abspath(path)   # the same file after a chdir
 
 
 _current: Optional[Config] = None
@@ -226,18 +232,19 @@ PROGRESS_VARIABLE = "MCALLREDUCE_PROGRESS_THREAD"
 DEFAULT_BUCKET_BYTES = 25 << 20   # as DDP's default bucket: a few buckets for a ResNet-50
 
 
-def _env(environ: Optional[Mapping[str, str]], name: str) -> str:
+def env_text(environ: Optional[Mapping[str, str]], name: str) -> str:
+    """The variable's value, stripped ("" when unset)."""
     return (os.environ if environ is None else environ).get(name, "").strip()
 
 
 def read_ranks_per_host(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
     """MCALLREDUCE_RANKS_PER_HOST: consecutive ranks per emulated host, None for the real hosts."""
-    return parse_integer("MCALLREDUCE_RANKS_PER_HOST", _env(environ, "MCALLREDUCE_RANKS_PER_HOST"), 1)
+    return parse_integer("MCALLREDUCE_RANKS_PER_HOST", env_text(environ, "MCALLREDUCE_RANKS_PER_HOST"), 1)
 
 
 def horovod_switch(environ: Optional[Mapping[str, str]] = None) -> Optional[bool]:
     """MCALLREDUCE_HOROVOD as True, False or None (unset/auto)."""
-    return parse_switch(HOROVOD_SWITCH, _env(environ, HOROVOD_SWITCH))
+    return parse_switch(HOROVOD_SWITCH, env_text(environ, HOROVOD_SWITCH))
 
 
 def horovod_requested_by_startup_hook(environ: Optional[Mapping[str, str]] = None) -> bool:
@@ -246,7 +253,7 @@ def horovod_requested_by_startup_hook(environ: Optional[Mapping[str, str]] = Non
     forced = horovod_switch(environ)
     if forced is not None:
         return forced
-    return bool(_env(environ, "MCALLREDUCE_ALGORITHM"))
+    return bool(env_text(environ, "MCALLREDUCE_ALGORITHM"))
 
 
 def horovod_requested_by_import(environ: Optional[Mapping[str, str]] = None) -> bool:
@@ -260,9 +267,9 @@ FUSION_VARIABLE = "HOROVOD_FUSION_THRESHOLD"
 def bucket_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
     """Gradient bucket capacity of DistributedOptimizer: MCALLREDUCE_BUCKET_BYTES, else Horovod's
     HOROVOD_FUSION_THRESHOLD (bytes; 0, no fusion: every gradient its own bucket), else 25M."""
-    value = _env(environ, BUCKET_VARIABLE)
+    value = env_text(environ, BUCKET_VARIABLE)
     if not value:
-        fusion = _env(environ, FUSION_VARIABLE)
+        fusion = env_text(environ, FUSION_VARIABLE)
         if not fusion:
             return DEFAULT_BUCKET_BYTES
         return max(1, leading_integer(fusion))   # as Horovod reads it
@@ -274,19 +281,24 @@ def bucket_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
 
 def progress_thread_setting(environ: Optional[Mapping[str, str]] = None) -> Optional[bool]:
     """MCALLREDUCE_PROGRESS_THREAD: on or off, or None for auto (:func:`mcallreduce.policy.progress_thread`)."""
-    return parse_switch(PROGRESS_VARIABLE, _env(environ, PROGRESS_VARIABLE))
+    return parse_switch(PROGRESS_VARIABLE, env_text(environ, PROGRESS_VARIABLE))
 
 
 def gradient_as_bucket_view(environ: Optional[Mapping[str, str]] = None) -> bool:
     """MCALLREDUCE_GRADIENT_AS_BUCKET_VIEW=1: gradients stay views of their bucket after
     synchronize() (no copy back), with DDP's caveat: a gradient tensor kept across steps changes."""
     name = "MCALLREDUCE_GRADIENT_AS_BUCKET_VIEW"
-    return bool(parse_switch(name, _env(environ, name), auto=False))
+    return bool(parse_switch(name, env_text(environ, name), auto=False))
+
+
+def horovod_mpi_threads_disabled(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """HOROVOD_MPI_THREADS_DISABLE as Horovod reads it (strtol > 0): MPI starts without thread support."""
+    return leading_integer(env_text(environ, "HOROVOD_MPI_THREADS_DISABLE")) > 0
 
 
 def timeline_file(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """MCALLREDUCE_TIMELINE, else HOROVOD_TIMELINE unless DYNAMIC: the routed calls' Chrome trace."""
-    path = _env(environ, "MCALLREDUCE_TIMELINE") or _env(environ, "HOROVOD_TIMELINE") or None
+    path = env_text(environ, "MCALLREDUCE_TIMELINE") or env_text(environ, "HOROVOD_TIMELINE") or None
     return None if path == "DYNAMIC" else path
 
 
@@ -298,103 +310,30 @@ STALL_CHECK_SECONDS = 60.0
 
 
 def _seconds(environ: Optional[Mapping[str, str]], suffix: str) -> Optional[float]:
-    for prefix in ("MCALLREDUCE_", "HOROVOD_"):
-        value = _env(environ, prefix + suffix)
-        if value:
-            return parse_seconds(prefix + suffix, value)
-    return None
+    """MCALLREDUCE_<suffix> (seconds >= 0), else HOROVOD_<suffix> read as Horovod's strtol reads it."""
+    ours = env_text(environ, "MCALLREDUCE_" + suffix)
+    if ours:
+        return parse_seconds("MCALLREDUCE_" + suffix, ours)
+    theirs = env_text(environ, "HOROVOD_" + suffix)
+    return float(max(0, leading_integer(theirs))) if theirs else None
 
 
 def stall_check_seconds(environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
     """Seconds a call may wait before it is reported (*_STALL_CHECK_TIME_SECONDS, default 60);
-    None when *_STALL_CHECK_DISABLE=1."""
-    for prefix in ("MCALLREDUCE_", "HOROVOD_"):
-        if parse_switch(prefix + "STALL_CHECK_DISABLE", _env(environ, prefix + "STALL_CHECK_DISABLE"), auto=False):
-            return None
+    None when *_STALL_CHECK_DISABLE says so (the MCALLREDUCE_ variable decides where it is set)."""
+    ours = env_text(environ, "MCALLREDUCE_STALL_CHECK_DISABLE")
+    if ours:
+        disabled = parse_switch("MCALLREDUCE_STALL_CHECK_DISABLE", ours, auto=False)
+    else:   # Horovod disables its check for any value whose leading integer is above 0
+        disabled = leading_integer(env_text(environ, "HOROVOD_STALL_CHECK_DISABLE")) > 0
+    if disabled:
+        return None
     seconds = _seconds(environ, "STALL_CHECK_TIME_SECONDS")
     return STALL_CHECK_SECONDS if seconds is None else seconds
 
 
 def stall_shutdown_seconds(environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
-    """Seconds after which a waiting call fails (*_STALL_SHUTDOWN_TIME_SECONDS); None: never (0 too)."""
+    """Seconds after which a waiting call fails (*_STALL_SHUTDOWN_TIME_SECONDS); None: never (0 too).
+    The stall inspector also ignores a time below the check's, as Horovod's does."""
     seconds = _seconds(environ, "STALL_SHUTDOWN_TIME_SECONDS")
     return seconds or None
-
-
-# ---------------------------------------------------------------- data loading
-# The data package (mcallreduce/data) reads these through the ``data`` namespace below, each
-# when called (not at import), so a test or a launcher can set them late. Hosts are grouped
-# by the engine's MCALLREDUCE_RANKS_PER_HOST, one variable for both.
-
-DATA_PREFIX = "MCALLREDUCE_DATA_"
-
-#: name -> (default, meaning); docs/data.md mirrors this table
-DATA_VARIABLES = {
-    "PROGRESS": ("auto", "progress bars (tqdm) on stderr of rank 0: 1 or auto on, 0 off; a pipe redraws every 10 s"),
-    "MEMORY_LIMIT": ("", "cap in bytes (suffixes K, M, G, T) on the memory the store may take on a host"),
-    "MEMORY_FRACTION": ("0.9", "share of the host's available memory the store may take"),
-    "VERIFY": ("1", "check each sample's CRC32 while loading a packed store (0 skips it)"),
-    "PARTITION": ("split", "split: each host holds its share; full: every host holds everything; auto: full when it fits"),
-    "MPI": ("auto", "use MPI: 1 yes, 0 no, auto when launched by mpirun or when mpi4py.MPI is already imported"),
-    "EXCHANGE_ROUND_BYTES": ("1G", "the most bytes one rank sends or receives in one Alltoallv round"),
-    "THREADS": ("4", "default decode threads of the threaded loader"),
-    "DECODER": ("auto", "JPEG decoder: turbo (decodes only the crop box; needs the built extension), "
-                        "simplejpeg, pil, or auto (the first of these that imports)"),
-}
-
-
-class data:
-    """The ``MCALLREDUCE_DATA_*`` settings (a namespace: ``config.data.threads()``)."""
-
-    @staticmethod
-    def raw(name: str) -> str:
-        if name not in DATA_VARIABLES:
-            raise KeyError(f"unknown setting {DATA_PREFIX}{name}")
-        return _env(None, DATA_PREFIX + name) or DATA_VARIABLES[name][0]
-
-    @staticmethod
-    def flag(name: str) -> Optional[bool]:
-        """True/False for 1/0 (yes/no, true/false); None for 'auto'."""
-        return parse_switch(DATA_PREFIX + name, data.raw(name))
-
-    @staticmethod
-    def memory_limit() -> Optional[int]:
-        value = data.raw("MEMORY_LIMIT")
-        return parse_size(value, DATA_PREFIX + "MEMORY_LIMIT") if value else None
-
-    @staticmethod
-    def memory_fraction() -> float:
-        text = data.raw("MEMORY_FRACTION")
-        with contextlib.suppress(ValueError):
-            if 0 < float(text) <= 1:
-                return float(text)
-        raise ConfigError(f"{DATA_PREFIX}MEMORY_FRACTION={text!r}: expected a number in (0, 1]")
-
-    @staticmethod
-    def verify() -> bool:
-        return bool(data.flag("VERIFY"))
-
-    @staticmethod
-    def partition() -> str:
-        return parse_choice(DATA_PREFIX + "PARTITION", data.raw("PARTITION"), ("split", "full", "auto"))
-
-    @staticmethod
-    def ranks_per_host() -> Optional[int]:
-        """MCALLREDUCE_RANKS_PER_HOST (shared with the engine), read now."""
-        return read_ranks_per_host()
-
-    @staticmethod
-    def use_mpi() -> Optional[bool]:
-        return data.flag("MPI")
-
-    @staticmethod
-    def exchange_round_bytes() -> int:
-        return parse_size(data.raw("EXCHANGE_ROUND_BYTES"), DATA_PREFIX + "EXCHANGE_ROUND_BYTES")
-
-    @staticmethod
-    def threads() -> int:
-        return parse_integer(DATA_PREFIX + "THREADS", data.raw("THREADS"), 1, auto=False)
-
-    @staticmethod
-    def decoder() -> str:
-        return parse_choice(DATA_PREFIX + "DECODER", data.raw("DECODER"), ("auto", "turbo", "simplejpeg", "pil"))

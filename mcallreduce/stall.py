@@ -6,8 +6,9 @@ default 60) is reported once on stderr: its sequence number, what it is when a c
 check's peer, the schedule, MPI's allreduce), then, once per process, where the executor is
 (the MPI call it is inside, wake-up sends in progress) and every Python thread's stack: enough
 to tell a rank that never started the call from one stuck inside MPI. Past
-``stall_shutdown_seconds()`` every call in flight fails with an error instead of waiting
-forever. A peer that shuts down is noticed sooner by its goodbye (native/executor.c).
+``stall_shutdown_seconds()`` (when not below the check time: Horovod's rule) every call in
+flight fails with an error instead of waiting forever. A peer that shuts down is noticed
+sooner by its goodbye (native/executor.c).
 
 The inspector is a daemon thread that sleeps between looks (it never polls MPI), started
 with the engine unless ``*_STALL_CHECK_DISABLE=1``.
@@ -40,7 +41,15 @@ class StallInspector:
     @classmethod
     def start(cls, engine: "Engine") -> Optional["StallInspector"]:
         warn_after = config.stall_check_seconds()
-        return None if warn_after is None else cls(engine, warn_after, config.stall_shutdown_seconds())
+        if warn_after is None:
+            return None
+        fail_after = config.stall_shutdown_seconds()
+        if fail_after is not None and fail_after < warn_after:   # Horovod's rule: report first, or never fail
+            if engine.ctx.rank == 0:
+                _say(f"mcallreduce: the stall shutdown time ({fail_after:g} s) is less than the stall check time "
+                     f"({warn_after:g} s): calls will not fail on a stall, as in Horovod")
+            fail_after = None
+        return cls(engine, warn_after, fail_after)
 
     def stop(self) -> None:
         self._stop.set()

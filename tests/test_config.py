@@ -149,8 +149,9 @@ def test_small_one_host_calls_synchronise_once():
     assert p.one_sync and not p.single_copy                                 # a user's larger limit wins
     _, p = resolve(Config(one_sync_bytes=1 << 20), 256 << 10, 4, one_host, shared_slot=slot, small_slot=small)
     assert not p.one_sync                                                   # larger than the small slots
-    _, p = resolve(Config(one_sync_bytes=0), 4 << 10, 4, one_host, shared_slot=slot, small_slot=small)
-    assert p.shared and not p.one_sync
+    for nbytes in (0, 4 << 10):   # off is off, for an empty call too
+        _, p = resolve(Config(one_sync_bytes=0), nbytes, 4, one_host, shared_slot=slot, small_slot=small)
+        assert p.shared and not p.one_sync, nbytes
     assert not resolve(Config(), 4 << 10, 4, one_host, shared_slot=slot)[1].one_sync   # no small slots
     assert Config.from_env({"MCALLREDUCE_ONE_SYNC_BYTES": "16K"}).one_sync_bytes == 16 << 10
     assert Config.from_env({}).one_sync_bytes == 32 << 10
@@ -221,6 +222,8 @@ def test_horovod_and_data_variables():
     assert c.bucket_bytes({"HOROVOD_FUSION_THRESHOLD": "0"}) == 1                    # no fusion
     # read as Horovod reads it (strtol: the leading integer), where hvd.init() once raised on what stock takes
     assert [c.bucket_bytes({"HOROVOD_FUSION_THRESHOLD": v}) for v in ("64MB", "1e6", "-1", "x")] == [64, 1, 1, 1]
+    assert [c.horovod_mpi_threads_disabled({"HOROVOD_MPI_THREADS_DISABLE": v}) for v in ("1", "+1", "0", "x")] \
+        == [True, True, False, False]
     assert c.timeline_file({"HOROVOD_TIMELINE": "DYNAMIC"}) is None   # Horovod's "hvd.start_timeline() decides"
     assert c.timeline_file({"HOROVOD_TIMELINE": "t.json"}) == "t.json"
     assert c.bucket_bytes({"HOROVOD_FUSION_THRESHOLD": "0", "MCALLREDUCE_BUCKET_BYTES": "1M"}) == 1 << 20
@@ -229,6 +232,14 @@ def test_horovod_and_data_variables():
                                   "MCALLREDUCE_STALL_CHECK_TIME_SECONDS": "2"}) == 2
     assert c.stall_check_seconds({"HOROVOD_STALL_CHECK_DISABLE": "1"}) is None
     assert c.stall_shutdown_seconds({}) is None and c.stall_shutdown_seconds({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "9"}) == 9
+    # Horovod's own variables as Horovod reads them (strtol; the check is off for any value above 0),
+    # where hvd.init() once raised on what stock takes, or read "true" as off where stock keeps it on
+    assert [c.stall_check_seconds({"HOROVOD_STALL_CHECK_DISABLE": v}) for v in ("2", "+1", "true", "0")] \
+        == [None, None, 60, 60]
+    assert [c.stall_check_seconds({"HOROVOD_STALL_CHECK_TIME_SECONDS": v}) for v in ("60s", "-1", "x")] == [60, 0, 0]
+    assert c.stall_shutdown_seconds({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "90sec"}) == 90
+    # the MCALLREDUCE_ variable decides where it is set, also to turn the check back on
+    assert c.stall_check_seconds({"MCALLREDUCE_STALL_CHECK_DISABLE": "0", "HOROVOD_STALL_CHECK_DISABLE": "1"}) == 60
     assert c.progress_thread_setting({"MCALLREDUCE_PROGRESS_THREAD": "1"}) is True
     assert c.progress_thread_setting({"MCALLREDUCE_PROGRESS_THREAD": "0"}) is False
     assert c.progress_thread_setting({}) is None
@@ -247,16 +258,19 @@ def test_horovod_and_data_variables():
 
 
 def test_data_variables(monkeypatch):
-    from mcallreduce.config import data
+    from mcallreduce.data.settings import data
     assert data.threads() == 4 and data.partition() == "split" and data.ranks_per_host() is None
     monkeypatch.setenv("MCALLREDUCE_DATA_MEMORY_LIMIT", "1.5G")
     monkeypatch.setenv("MCALLREDUCE_RANKS_PER_HOST", "2")
     assert data.memory_limit() == 3 << 29 and data.ranks_per_host() == 2
+    assert data.exchange_round_bytes() == 1 << 30
     for name, value in [("MCALLREDUCE_DATA_THREADS", "many"), ("MCALLREDUCE_DATA_PARTITION", "half"),
-                        ("MCALLREDUCE_DATA_MEMORY_FRACTION", "2"), ("MCALLREDUCE_DATA_DECODER", "gpu")]:
+                        ("MCALLREDUCE_DATA_MEMORY_FRACTION", "2"), ("MCALLREDUCE_DATA_DECODER", "gpu"),
+                        # 0 once divided by zero; 2G overflows Alltoallv's counts
+                        ("MCALLREDUCE_DATA_EXCHANGE_ROUND_BYTES", "0"), ("MCALLREDUCE_DATA_EXCHANGE_ROUND_BYTES", "2G")]:
         monkeypatch.setenv(name, value)
-        getter = {"THREADS": data.threads, "PARTITION": data.partition,
-                  "MEMORY_FRACTION": data.memory_fraction, "DECODER": data.decoder}[name.split("DATA_")[1]]
+        getter = {"THREADS": data.threads, "PARTITION": data.partition, "MEMORY_FRACTION": data.memory_fraction,
+                  "DECODER": data.decoder, "EXCHANGE_ROUND_BYTES": data.exchange_round_bytes}[name.split("DATA_")[1]]
         with pytest.raises(ConfigError, match=name):
             getter()
 
@@ -267,6 +281,31 @@ def test_poll_time_is_microseconds_from_zero():
     for bad in ("-1", "1ms", "auto"):
         with pytest.raises(ConfigError, match="MCALLREDUCE_POLL_US"):
             Config.from_env({"MCALLREDUCE_POLL_US": bad})
+
+
+def test_a_stall_shutdown_time_below_the_check_time_never_fails_a_call_as_in_horovod(monkeypatch, capsys):
+    # Horovod warns and never shuts down; calls here once failed before any stall was reported
+    from types import SimpleNamespace
+    from mcallreduce.stall import StallInspector
+    engine = SimpleNamespace(ctx=SimpleNamespace(rank=0), waiting=lambda: [])
+    for ours in ("MCALLREDUCE_STALL_CHECK_TIME_SECONDS", "MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS"):
+        monkeypatch.delenv(ours, raising=False)   # conftest sets a shutdown time for every job
+    for check, shutdown, fails_after in (("60", "30", None), ("10", "30", 30.0)):
+        monkeypatch.setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", check)
+        monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", shutdown)
+        inspector = StallInspector.start(engine)
+        inspector.stop()
+        assert inspector.fail_after == fails_after
+    assert capsys.readouterr().err.count("calls will not fail on a stall, as in Horovod") == 1
+
+
+def test_a_calls_options_are_checked_as_the_variables_are():
+    # colors=0 once counted as auto yet as a knob set (the one-host stage off), a negative segment as 1 element
+    base = Config()
+    assert base.with_overrides(colors=2, segment_bytes=0, fanout=2, depth=1).colors == 2
+    for bad in ({"colors": 0}, {"colors": 1.5}, {"segment_bytes": -8}, {"fanout": 1}, {"depth": 0}, {"colors": True}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            base.with_overrides(**bad)
 
 
 def test_every_name_a_module_exports_exists():

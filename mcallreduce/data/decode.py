@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 import numpy as np
 from PIL import Image
 
-from ..config import data as settings
+from .settings import data as settings
 from . import jpeg
 from .crop_boxes import Box
 from .resize import pixel_box, crop_resize, resizer_name

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import data as settings
+from .settings import data as settings
 from .store import ImageStore, check_memory_budget
 
 

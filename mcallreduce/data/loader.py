@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler, SequentialSampler, RandomSampler, default_collate
 
-from ..config import data as settings
+from .settings import data as settings
 
 
 class ThreadedLoader:

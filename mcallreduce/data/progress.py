@@ -6,7 +6,7 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from ..config import data as settings
+from .settings import data as settings
 
 # Redraw interval in seconds: a terminal redraws often; a pipe (mpirun's stderr, a log) gets a line now and then.
 TERMINAL_INTERVAL_S, PIPE_INTERVAL_S = 0.1, 10.0

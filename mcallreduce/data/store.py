@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ..config import data as settings
+from .settings import data as settings
 from ..errors import ConfigError, MemoryBudgetError
 from ..units import format_bytes
 from . import world as world_mod

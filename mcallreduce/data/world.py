@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from .. import hostlayout
-from ..config import data as settings
+from .settings import data as settings
 from ..launch import launched_by_mpirun
 
 

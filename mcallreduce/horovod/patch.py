@@ -76,11 +76,10 @@ def _initialize_mpi_first() -> bool:
     shutdown makes every rank's Horovod thread finalize MPI, and the ranks must meet before it,
     which a rank inside a stock Horovod call never does (docs/horovod.md)."""
     if "mpi4py.MPI" not in sys.modules:
-        threads_disabled = os.environ.get("HOROVOD_MPI_THREADS_DISABLE", "0").strip()
         gloo = (os.environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo"
                 or "HOROVOD_GLOO_RENDEZVOUS_ADDR" in os.environ)
         if (not launched_by_mpirun() or gloo or os.environ.get("HOROVOD_ELASTIC") == "1"
-                or (threads_disabled.isdigit() and int(threads_disabled) > 0)):
+                or config.horovod_mpi_threads_disabled()):
             return False   # stock Horovod's own MPI start-up (the plugin declines or explains why)
         from mpi4py import MPI   # noqa: F401  (initialises MPI, MPI_THREAD_MULTIPLE)
     mpi = sys.modules["mpi4py.MPI"]

@@ -17,6 +17,7 @@ import simplejpeg
 from PIL import Image
 
 from mcallreduce import config
+from mcallreduce.data import settings
 from mcallreduce.data import ImageStore, jpeg
 from mcallreduce.data.photos import photo_paths
 from mcallreduce.data.crop_boxes import centre_crop_box, random_resized_crop_box
@@ -301,10 +302,10 @@ def test_decode_releases_the_gil():
 
 def test_config_and_fallback_without_the_extension(monkeypatch):
     monkeypatch.setenv("MCALLREDUCE_DATA_DECODER", "turbo")
-    assert config.data.decoder() == "turbo"
+    assert settings.data.decoder() == "turbo"
     monkeypatch.setenv("MCALLREDUCE_DATA_DECODER", "libjpeg")
     with pytest.raises(config.ConfigError, match="turbo"):
-        config.data.decoder()
+        settings.data.decoder()
     monkeypatch.delenv("MCALLREDUCE_DATA_DECODER")
     with pytest.raises(ValueError, match="decoder must be one of"):
         decoder_name("libjpeg")
