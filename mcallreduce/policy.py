@@ -13,11 +13,11 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 from .algorithms import Params
 from .cgroups import usable_cores
-from .config import ALGORITHMS, MPI_ALGORITHMS, ROUTES, Config, progress_thread_setting
-from .tuning import BUILTIN_TABLE, has_nonblocking_rows, lookup
+from .config import ALGORITHMS, MPI_ALGORITHMS, ROUTES, Config, ConfigError, progress_thread_setting
+from .tuning import BUILTIN_TABLE, check_file, has_nonblocking_rows, lookup
 
-__all__ = ["ALGORITHMS", "ROUTES", "FUSED_MAX_BYTES", "fused_with_check", "resolve", "measured_nonblocking", "default_colors",
-           "latency_bound", "progress_thread"]
+__all__ = ["ALGORITHMS", "ROUTES", "FUSED_MAX_BYTES", "fused_with_check", "resolve", "measured_nonblocking",
+           "table_problem", "default_colors", "latency_bound", "progress_thread"]
 
 #: a ``doubling`` or ``halving`` call up to this size travels with its metadata check
 #: (native/check.c): its data is reduced along the check's own exchanges, one latency for both
@@ -76,6 +76,17 @@ def _table_path(config: Config) -> Optional[str]:
     if config.algorithm != "multicolor" or config.tuning_file == "none":
         return None
     return config.tuning_file or BUILTIN_TABLE
+
+
+def table_problem(config: Config) -> Optional[str]:
+    """Why the tuning table ``config`` follows cannot be followed (gone, unreadable, malformed), or None."""
+    path = _table_path(config)
+    try:
+        if path is not None:
+            check_file(path)
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def _tuned(config: Config, hosts: Sequence[Sequence[int]], nbytes: int,
@@ -152,10 +163,12 @@ def resolve(config: Config, nbytes: int, itemsize: int,
                    and (nbytes <= min(config.shm_bytes, shared_slot) or single_copy))
     # a call MPI's allreduce cannot serve takes the row's fastest other candidate, else the rules
     hit = _tuned(config, hosts, nbytes, itemsize, nonblocking, mpi_type) if knobs_unset and nranks > 1 else None
+    if hit is not None and hit[1].shared and not shared_fits:   # a row measured with the stage: the rules instead
+        hit = None
     if hit is not None and hit[0] != "multicolor":      # the table picked another algorithm
         return _mpi_arm(hit[0], mpi_ring), Params(segment=hit[1].segment, depth=config.depth)
     if config.algorithm == "multicolor" and knobs_unset and shared_fits and (hit is None or hit[1].shared):
-        one_sync = nbytes <= min(config.one_sync_bytes, small_slot)
+        one_sync = 0 < config.one_sync_bytes and nbytes <= min(config.one_sync_bytes, small_slot)   # 0: off
         return "multicolor", Params(colors=nranks, hierarchical=True, depth=config.depth, shared=True,
                                     single_copy=single_copy and not one_sync, one_sync=one_sync)
     halving_above = PAIR_HALVING_ABOVE_BYTES if nranks == 2 else HALVING_BETWEEN_BYTES[0]

@@ -27,7 +27,7 @@ from .gpu import Staging, StagingError, is_gpu_buffer
 from .lowering import EARLY_MAX_BYTES, early_steps, lower
 from .memory import SharedWindow, as_array
 from .check import DTYPE_CODE, DTYPES, FIELDS, OP_CODE, REJECT_BUFFER, REJECT_CONFIG, mismatch, vector
-from .policy import ALGORITHMS, ROUTES, fused_with_check, measured_nonblocking, resolve
+from .policy import ALGORITHMS, ROUTES, fused_with_check, measured_nonblocking, resolve, table_problem
 from .schedule import Schedule
 
 __all__ = ["Context", "Handle", "allreduce", "allreduce_async", "start_progress_thread", "OPS", "DTYPES"]
@@ -51,6 +51,10 @@ class Context:
     _keyval: Optional[int] = None       # an attribute whose deletion (MPI_Comm_free) forgets the handle
 
     def __init__(self, comm: MPI.Comm, config: Config):
+        # a table that one rank cannot follow fails every rank now, not the first call on that rank alone
+        problems = [(r, p) for r, p in enumerate(comm.allgather(table_problem(config))) if p]
+        if problems:
+            raise ConfigError("; ".join(f"rank {r}: {p}" for r, p in problems[:4]))
         self.comm = comm.Dup()   # data messages of the schedules
         self.ctl = comm.Dup()    # metadata checks, posted in call order on every rank
         self.coll = comm.Dup()   # "mpi" collectives, started in call order once checked

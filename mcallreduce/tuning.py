@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
@@ -22,7 +23,7 @@ from .algorithms import Params
 from .config import ALGORITHMS, MPI_ALGORITHMS, ROUTES
 from .errors import ConfigError
 
-__all__ = ["BUILTIN_TABLE", "NONBLOCKING_SECTION", "layout_name", "has_nonblocking_rows", "lookup"]
+__all__ = ["BUILTIN_TABLE", "NONBLOCKING_SECTION", "check_file", "layout_name", "has_nonblocking_rows", "lookup"]
 
 #: measured with ``python -m mcallreduce.bench tune --measure`` (docs/benchmarks.md, "Commands")
 BUILTIN_TABLE = str(Path(__file__).with_name("tuning-measured.json"))
@@ -34,23 +35,35 @@ NONBLOCKING_SECTION = "nonblocking_tables"
 def _tables(path: str, section: str = "tables") -> Dict:
     """A table file's section, read again once the file changes (``tune --measure --out`` the same
     path): plans made after that follow the new table."""
-    try:
+    try:   # gone or unreadable after start: an error, not a policy of its own on this rank
         st = os.stat(path)
-    except OSError:
-        return {}
+    except OSError as exc:
+        raise ConfigError(f"mcallreduce: tuning table {path} cannot be read ({exc.strerror})") from exc
     return _read_table(path, st.st_mtime_ns, st.st_size).get(section, {})
+
+
+def check_file(path: str) -> None:
+    """Read and check the table at ``path`` (ConfigError where it cannot be followed)."""
+    _tables(path)
 
 
 @lru_cache(maxsize=8)
 def _read_table(path: str, mtime_ns: int, size: int) -> Dict:
     try:
         table = json.loads(Path(path).read_text())
-    except OSError:
-        return {}
+    except OSError as exc:
+        raise ConfigError(f"mcallreduce: tuning table {path} cannot be read ({exc.strerror})") from exc
     except ValueError as exc:
         raise ConfigError(f"mcallreduce: tuning table {path} is not JSON ({exc})") from exc
     _check_table(path, table)
     return table
+
+
+_LAYOUT = re.compile(r"[1-9][0-9]*h[1-9][0-9]*r")
+# what a row may say: its schedule, and what tune recorded of its timing (read by people, not here)
+_SCHEDULE_KEYS = frozenset({"algorithm", "colors", "hierarchical", "route", "segment_bytes", "shared"})
+_ROW_KEYS = _SCHEDULE_KEYS | {"size_bytes", "instead", "measured_s", "predicted_s", "ring_predicted_s",
+                              "ring_segment_bytes", "speedup_vs_ring"}
 
 
 def _check_table(path: str, table) -> None:
@@ -66,10 +79,18 @@ def _check_table(path: str, table) -> None:
         if not isinstance(layouts, dict) or not all(isinstance(rows, list) for rows in layouts.values()):
             raise bad(f'"{section}" is not an object of row lists')
         for layout, rows in layouts.items():
+            if not _LAYOUT.fullmatch(layout):
+                raise bad(f'"{layout}" is not a layout (hosts x ranks on a host, as "4h1r")')
+            sizes = set()
             for row in rows:
-                if not isinstance(row, dict) or not isinstance(row.get("size_bytes"), int):
-                    raise bad(f"{layout}: a row without an integer size_bytes: {row!r}")
-                for part in (row, row.get("instead", {})):
+                size = row.get("size_bytes") if isinstance(row, dict) else None
+                if type(size) is not int or size < 0 or size in sizes:
+                    raise bad(f"{layout}: a row without a size_bytes of 0 or more that no other row has: {row!r}")
+                sizes.add(size)
+                for part, known in ((row, _ROW_KEYS), (row.get("instead", {}), _SCHEDULE_KEYS)):
+                    unknown = sorted(set(part) - known) if isinstance(part, dict) else []
+                    if unknown:
+                        raise bad(f"{layout}: unknown keys {', '.join(unknown)} in {part!r}")
                     if not isinstance(part, dict) or part.get("algorithm", "multicolor") not in ALGORITHMS:
                         raise bad(f"{layout}: a row that names no algorithm of {', '.join(ALGORITHMS)}: {part!r}")
                     wrong = _wrong_parameter(part)

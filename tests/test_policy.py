@@ -4,7 +4,7 @@ import json
 import pytest
 
 from mcallreduce.config import Config, ConfigError
-from mcallreduce.policy import BUILTIN_TABLE, resolve
+from mcallreduce.policy import BUILTIN_TABLE, resolve, table_problem
 
 
 def test_a_measured_table_decides_the_algorithm_per_size(tmp_path):
@@ -22,7 +22,7 @@ def test_a_measured_table_decides_the_algorithm_per_size(tmp_path):
     host = [[0, 1]]
     slot = 8 << 20
     assert resolve(config, 4 << 10, 4, host, shared_slot=slot)[1].shared
-    assert resolve(config, 4 << 10, 4, host)[0] == "multicolor"          # no window: messages
+    assert resolve(config, 4 << 10, 4, host)[0] == "doubling"            # no window: the rules' messages
     assert resolve(config, 64 << 10, 4, host, shared_slot=slot)[0] == "mpi"
     # MPI has no float16: the table's MPI row gives way to the rules (the shared stage here)
     algorithm, params = resolve(config, 64 << 10, 2, host, shared_slot=slot, mpi_type=False)
@@ -200,7 +200,17 @@ def test_a_call_mpi_cannot_serve_takes_the_rows_fastest_other_candidate(tmp_path
                                          "hierarchical"),
                                         ('{"tables": {"1h2r": [{"size_bytes": 4096, "route": "star"}]}}', "route"),
                                         ('{"tables": {"1h2r": [{"size_bytes": 4096, "algorithm": "mpi", '
-                                         '"instead": {"algorithm": "mpi-ring"}}]}}', "instead that names MPI")])
+                                         '"instead": {"algorithm": "mpi-ring"}}]}}', "instead that names MPI"),
+                                        # once followed as multicolor, shadowed, read as 1, or never matched
+                                        ('{"tables": {"1h2r": [{"size_bytes": 4096, "algoritm": "ring"}]}}',
+                                         "unknown keys algoritm"),
+                                        ('{"tables": {"1h2r": [{"size_bytes": 4096, "algorithm": "mpi", '
+                                         '"instead": {"algorithm": "ring", "size_bytes": 1}}]}}', "unknown keys size"),
+                                        ('{"tables": {"1h2r": [{"size_bytes": 4096}, {"size_bytes": 4096}]}}',
+                                         "no other row has"),
+                                        ('{"tables": {"1h2r": [{"size_bytes": true}]}}', "size_bytes of 0 or more"),
+                                        ('{"tables": {"1h2r": [{"size_bytes": -5}]}}', "size_bytes of 0 or more"),
+                                        ('{"tables": {"1H2R": [{"size_bytes": 4096}]}}', "is not a layout")])
 def test_a_table_that_would_be_misread_raises_naming_its_file(tmp_path, text, says):
     # it was once followed in part, or ignored for the rules, or failed with a bare KeyError
     path = tmp_path / "table.json"
@@ -208,3 +218,26 @@ def test_a_table_that_would_be_misread_raises_naming_its_file(tmp_path, text, sa
     with pytest.raises(ConfigError, match=says) as error:
         resolve(Config(tuning_file=str(path)), 4096, 4, [[0, 1]])
     assert str(path) in str(error.value)
+
+
+def test_a_table_that_goes_away_after_start_raises_instead_of_leaving_the_rank_to_the_rules(tmp_path, monkeypatch):
+    # a relative name follows the file, not the working directory; a missing file is an error on
+    # this rank, where its peers would follow the table (and the ranks' calls would not match)
+    table = tmp_path / "table.json"
+    table.write_text('{"tables": {"2h1r": [{"size_bytes": 1048576, "algorithm": "ring"}]}}')
+    monkeypatch.chdir(tmp_path)
+    config = Config.from_env({"MCALLREDUCE_TUNING_FILE": "table.json"})
+    monkeypatch.chdir("/")
+    assert resolve(config, 4096, 4, [[0], [1]])[0] == "ring" and table_problem(config) is None
+    table.unlink()
+    assert "cannot be read" in table_problem(config)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        resolve(config, 4096, 4, [[0], [1]])
+
+
+def test_a_row_measured_with_the_one_host_stage_gives_way_to_the_rules_where_the_stage_is_off():
+    # MCALLREDUCE_SHM_BYTES=0: the built-in table's shared rows once ran multicolor's message trees
+    for nbytes, rules in ((4096, "doubling"), (64 << 10, "doubling"), (1 << 20, "multicolor")):
+        algorithm, params = resolve(Config(shm_bytes=0), nbytes, 4, [[0, 1]], shared_slot=1 << 20)
+        assert (algorithm, params.shared) == (rules, False), nbytes
+        assert algorithm == resolve(Config(shm_bytes=0, tuning_file="none"), nbytes, 4, [[0, 1]], shared_slot=1 << 20)[0]
