@@ -374,3 +374,13 @@ def test_large_prime_length_with_many_segments(p):
         bufs, expected = reference_run(sched, p, n, np.int32, seed=p)
         for b in bufs:
             assert np.array_equal(b, expected), (name, p)
+
+
+def test_layouts_and_parameters_that_name_no_allreduce_are_refused():
+    # [[0, 0], [1]] once left rank 2 out of the sum; the others failed deep inside a builder
+    for hosts in ([[0, 0], [1]], [[0], [2]], [], [[], [0, 1]]):
+        with pytest.raises(ValueError, match="each rank once"):
+            build_schedule("ring", hosts, 16, Params())
+    for params in (Params(colors=0), Params(segment=-1), Params(depth=0), Params(fanout=1)):
+        with pytest.raises(ValueError, match="no schedule"):
+            build_schedule("multicolor", [[0], [1]], 16, params)

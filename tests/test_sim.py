@@ -364,3 +364,23 @@ def test_the_check_gates_every_step_but_the_early_ones():
     plain, check = simulate(schedule, model).time, 0.1   # longer than the early segments take
     assert simulate(schedule, model, gate=check).time == pytest.approx(plain + check)   # nothing early: all wait
     assert plain < simulate(schedule, model, gate=check, early=early).time < plain + check
+
+
+def test_a_faster_link_is_never_slower():
+    # every link above 400 Mbit/s was once priced at the calibration's 50 MB/s burst speed
+    for algorithm in ("ring", "multicolor", "mpi"):
+        times = [predict(algorithm, emulated(4, rate=rate), 4 << 20) for rate in ("200mbit", "1gbit", "10gbit", "100gbit")]
+        assert times == sorted(times, reverse=True) and times[2] < times[1] / 5, (algorithm, times)
+
+
+def test_constants_and_sizes_that_price_nothing_are_refused():
+    from mcallreduce.sim.predict import busbw
+    model = emulated(4)
+    for bad in ({"gamma": float("nan")}, {"alpha": -1.0}, {"overhead": -1.0}, {"nic_Bps": 0.0},
+                {"oversubscription": 0.0}, {"cores": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ClusterModel(4, **{**PLAIN, **bad})
+    for nbytes in (0, -4096, 1.5, True):
+        with pytest.raises(ValueError, match="nbytes"):
+            predict("ring", model, nbytes)
+    assert busbw(1 << 20, 1e-3, 1) == 0.0 and predict("ring", emulated(1), 1 << 20) >= 0

@@ -62,4 +62,11 @@ def _cached(name: str, hosts: Hosts, nelem: int, params: Params) -> Schedule:
     builder = BUILDERS.get(name)
     if builder is None:
         raise ValueError(f"unknown scheduled algorithm {name!r}; known: {', '.join(SCHEDULED)}")
+    # a rank listed twice or left out once gave a wrong sum without a word
+    ranks = sorted(r for host in hosts for r in host)
+    if not hosts or not all(hosts) or ranks != list(range(len(ranks))):
+        raise ValueError(f"hosts must be non-empty lists of the ranks 0..p-1, each rank once: {hosts!r}")
+    if params.colors < 1 or params.segment < 0 or params.depth < 1 or (params.fanout or 2) < 2 or nelem < 0:
+        raise ValueError(f"no schedule for {nelem} elements with {params!r}: colors and depth >= 1, "
+                         f"segment and elements >= 0, fanout >= 2")
     return builder(hosts, nelem, params)

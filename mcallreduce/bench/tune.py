@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence
 
 from ..sim.model import load_calibration, paper
 from ..sim.tuner import TUNING_FILE, default_model, table
-from ..units import format_size, parse_size
+from ..units import format_size, parse_rate, parse_size
 from .output import write_json
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
@@ -47,10 +47,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         sizes = [parse_size(s, "--sizes") for s in ns.sizes.split(",") if s]
         hosts, ranks = (_counts(ns.hosts, "--hosts"), _counts(ns.ranks_per_host, "--ranks-per-host"))
+        parse_rate(ns.rate, "--rate")
     except ValueError as exc:
         ap.error(str(exc))
-    if not sizes or ns.nics < 1:
-        ap.error("--sizes needs at least one size, --nics 1 or more")
+    if not sizes or min(sizes) < 1 or ns.nics < 1:
+        ap.error("--sizes needs at least one size, each of 1 byte or more; --nics 1 or more")
     try:
         cal = load_calibration(ns.calibration)
     except ValueError as exc:

@@ -39,6 +39,7 @@ A :class:`ClusterModel` describes
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -90,6 +91,14 @@ class ClusterModel:
             raise ValueError(f"nic_policy must be stripe, rank or color, not {self.nic_policy!r}")
         if self.hosts < 1 or self.ranks_per_host < 1 or self.nics < 1:
             raise ValueError("hosts, ranks_per_host and nics must be >= 1")
+        # a negative, zero or NaN constant once gave faster-than-possible times or divided by zero
+        rates = ("nic_Bps", "intra_Bps", "oversubscription")
+        costs = ("alpha", "intra_alpha", "overhead", "gamma", "peak_Bps", "mpi_overhead")
+        wrong = [n for n in rates if not 0 < getattr(self, n) < math.inf]
+        wrong += [n for n in costs if not 0 <= getattr(self, n) < math.inf]
+        if wrong or (self.cores is not None and self.cores < 1):
+            raise ValueError(f"model constants out of range: {', '.join(wrong) or 'cores'} (rates > 0, "
+                             f"costs >= 0, cores >= 1, all finite)")
 
     @property
     def nranks(self) -> int:
@@ -132,13 +141,15 @@ def emulated(hosts: int, ranks_per_host: int = 1, rate: str = "200mbit", rails: 
     """
     c = load_calibration()
     c.update(calibration or {})
+    link_Bps = link_bytes_per_s(rate) * c["nic_efficiency"]
     return ClusterModel(
         hosts=hosts, ranks_per_host=ranks_per_host, nics=rails,
-        nic_Bps=link_bytes_per_s(rate) * c["nic_efficiency"], nic_policy="stripe",
+        nic_Bps=link_Bps, nic_policy="stripe",
         alpha=c["alpha"], intra_Bps=c["intra_Bps"], intra_alpha=c["intra_alpha"],
         overhead=c["overhead"], gamma=c["gamma"], cores=cores, polling=polling,
         eager_bytes=EAGER_LIMIT_BYTES - EAGER_HEADER_BYTES,   # Open MPI's TCP eager payload
-        burst_bytes=tbf_burst_bytes(link_bytes_per_s(rate)), peak_Bps=c["peak_Bps"],
+        burst_bytes=tbf_burst_bytes(link_bytes_per_s(rate)),
+        peak_Bps=max(c["peak_Bps"], link_Bps),   # a burst is never slower than the sustained rate
         duplex=c["duplex"], duplex_small=c.get("duplex_small", c["duplex"]),
         duplex_eager=c.get("duplex_eager", 1.0),
         mpi_overhead=c.get("mpi_overhead", 2e-6),

@@ -13,6 +13,7 @@ stock Horovod's CPU path, which is MPI_Allreduce on the fused buffer: "mpi".
 """
 from __future__ import annotations
 
+import numbers
 from functools import lru_cache
 from typing import Optional, Tuple
 
@@ -71,6 +72,9 @@ def _time(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int, param
 def predict(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,
             params: Optional[Params] = None, check: bool = True) -> float:
     """Seconds per allreduce of ``nbytes`` on ``model``, in a sequence of back-to-back calls."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes < 1 or itemsize < 1:
+        raise ValueError(f"predict: nbytes must be a whole number of 1 or more, and itemsize too "
+                         f"(got {nbytes!r}, {itemsize!r})")   # once priced as one element
     asked = algorithm
     if algorithm in SCHEDULED and params is None:
         algorithm, params = runtime_choice(algorithm, model, int(nbytes), itemsize)
@@ -85,7 +89,7 @@ def predict(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,
 
 def busbw(nbytes: int, seconds: float, nranks: int) -> float:
     """nccl-tests' bus bandwidth of an allreduce (bytes/s): algbw x 2(n-1)/n, so 0 at one rank."""
-    return nbytes / seconds * 2 * (nranks - 1) / nranks
+    return 0.0 if nranks == 1 else nbytes / seconds * 2 * (nranks - 1) / nranks
 
 
 def best_of(model: ClusterModel, nbytes: int, algorithms=("multicolor", "ring")) -> Tuple[str, float]:
