@@ -8,9 +8,11 @@ import json
 import os
 import re
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -160,6 +162,16 @@ def test_status_shows_hosts_addresses_and_rates(cluster):
     for host in range(2):
         assert f"{PREFIX}-h{host}" in proc.stdout and cluster.config().host_address(host) in proc.stdout
     assert proc.stdout.count("send 200mbit, receive 200mbit") == 2
+
+
+@needs_cluster
+def test_a_dry_run_prints_the_job_with_its_temporary_directory_and_starts_nothing(cluster):
+    proc = cli("run", "--dry-run", "-x", "ONE=1", "--", "echo", "two words")
+    assert proc.returncode == 0, proc.stderr
+    argv = shlex.split(proc.stdout)
+    assert argv[-2:] == ["echo", "two words"] and "ONE=1" in argv, argv
+    tmpdir = argv[argv.index("orte_tmpdir_base") + 1]
+    assert tmpdir == os.path.join(tempfile.gettempdir(), f"{PREFIX}-ompi-XXXXXXXX") and not os.path.exists(tmpdir)
 
 
 @needs_cluster

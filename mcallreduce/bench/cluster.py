@@ -26,16 +26,18 @@ The topology and the measured numbers are in docs/cluster.md.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from typing import Optional, Sequence
 
 from mcallreduce import launch
 from mcallreduce.errors import ConfigError
 from mcallreduce.bench.cluster_cpu import DEFAULT_CPU_PERIOD_MS
 from mcallreduce.bench.cluster_hosts import ClusterHosts
-from mcallreduce.bench.cluster_jobs import ClusterJobs
+from mcallreduce.bench.cluster_jobs import TMPDIR_MCA, ClusterJobs
 from mcallreduce.bench.cluster_state import (DEFAULT_CONGESTION_CONTROL, DEFAULT_MTU, DEFAULT_PREFIX, DEFAULT_SUBNET,
                                             ClusterConfig)
 from mcallreduce.bench.netns import ClusterError, require_root
@@ -133,8 +135,9 @@ def main(args: Optional[Sequence[str]] = None) -> int:
             if not argv:
                 parser.error("run: no program given (use: run [-np N] -- program args...)")
             env = launch.exported_env(ns.env)
-            if ns.dry_run:   # what run executes, less its per-job temporary directory
-                print(shlex.join(cluster.job_argv(argv, np=ns.np, env=env, gloo=ns.gloo)[0]))
+            if ns.dry_run:   # what run executes; mkdtemp ends the per-job directory's name at run time
+                tmpdir = os.path.join(tempfile.gettempdir(), cluster.job_tmpdir_prefix + "XXXXXXXX")
+                print(shlex.join(cluster.job_argv(argv, np=ns.np, env=env, mca={TMPDIR_MCA: tmpdir}, gloo=ns.gloo)[0]))
                 return 0
             code = cluster.run(argv, np=ns.np, env=env, timeout=ns.timeout, capture=False, gloo=ns.gloo).returncode
             return 128 - code if code < 0 else code   # a signal's death as a shell reports it (137: killed)

@@ -22,13 +22,17 @@ from mcallreduce.bench.netns import ClusterError, namespaces, require_root, say,
 from mcallreduce.bench.output import write_text
 from mcallreduce.bench.provenance import cluster_env
 
-__all__ = ["ClusterJobs", "kill_processes_in", "write_launch_scripts"]
+__all__ = ["ClusterJobs", "TMPDIR_MCA", "kill_processes_in", "write_launch_scripts"]
 
 
 # Inside a host's namespace, with a CPU budget: put the cpu hierarchy's root ($2) back at $3,
 # since ip netns exec's fresh /sys has none, so a process there can read its host's quota.
 MOUNT_CPU_ROOT = ('{ [ "$3" = /sys/fs/cgroup ] || { mount -t tmpfs cgroups /sys/fs/cgroup && mkdir -p "$3"; }; } && '
                   'mount --bind "$2" "$3" || exit 255')
+
+
+# The MCA parameter that gives a job's daemons their temporary directory (run makes one per job).
+TMPDIR_MCA = "orte_tmpdir_base"
 
 
 def write_launch_scripts(cluster: ClusterState, cfg: ClusterConfig) -> None:
@@ -125,6 +129,11 @@ class ClusterJobs(ClusterState):
                 horovodrun, "--gloo", "-np", str(cfg.hosts * cfg.ranks_per_host if np is None else np), "-H", hosts,
                 "--network-interface", "eth0", *argv]
 
+    @property
+    def job_tmpdir_prefix(self) -> str:
+        """The name of :meth:`run`'s per-job temporary directory, less the random end mkdtemp adds."""
+        return f"{self.prefix}-ompi-"
+
     def job_argv(self, argv: Sequence[str], np: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
                  mca: Optional[Mapping[str, str]] = None, extra: Sequence[str] = (),
                  gloo: bool = False) -> tuple[list[str], dict[str, str]]:
@@ -148,9 +157,9 @@ class ClusterJobs(ClusterState):
         require_root()
         # The daemons on the emulated hosts keep their per-job temporary directories under /tmp and
         # leave them behind (a killed job always does): one fresh base per job, removed after.
-        tmpdir_base = tempfile.mkdtemp(prefix=f"{self.prefix}-ompi-")
+        tmpdir_base = tempfile.mkdtemp(prefix=self.job_tmpdir_prefix)
         try:   # from here on: building the command line can raise too (a cluster that is down)
-            cmd, env = self.job_argv(argv, np, env, {"orte_tmpdir_base": tmpdir_base, **(mca or {})}, extra, gloo)
+            cmd, env = self.job_argv(argv, np, env, {TMPDIR_MCA: tmpdir_base, **(mca or {})}, extra, gloo)
             full_env = dict(os.environ)
             full_env.update(env or {})
             pipe = subprocess.PIPE if capture else None
