@@ -21,6 +21,7 @@ rank, before iterating, as Horovod scripts already do.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Iterator, Optional
 
@@ -30,6 +31,9 @@ from torch.utils.data import Sampler
 
 from . import world as world_mod
 from .partition import owner_of_samples
+
+# names a sampler in its store's record of the exchanged epoch (an id() comes back for a later sampler)
+_SAMPLER_NUMBERS = itertools.count()
 
 MODES = ("local", "global", "partial")
 
@@ -70,6 +74,7 @@ class InMemoryDistributedSampler(Sampler[int]):
         self.epoch = 0
         if self._dataset_epoch is not None:
             self._dataset_epoch(0)      # keyed crops from the first epoch on, set_epoch called or not
+        self._number = next(_SAMPLER_NUMBERS)
         self._start = 0          # where the next iteration starts (mid-epoch resume)
         self._yielded = 0
         self._cached = (None, None)
@@ -152,10 +157,10 @@ class InMemoryDistributedSampler(Sampler[int]):
         self._exchange()
 
     def _exchange(self) -> None:
-        if self.needs_exchange and self.store.epoch_prepared != (id(self), self.epoch):
+        if self.needs_exchange and self.store.epoch_prepared != (self._number, self.epoch):
             from .exchange import exchange_epoch
             exchange_epoch(self.store, self.assignment(self.epoch))
-            self.store.epoch_prepared = (id(self), self.epoch)
+            self.store.epoch_prepared = (self._number, self.epoch)
 
     def __iter__(self) -> Iterator[int]:
         self._prepare()
