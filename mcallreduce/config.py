@@ -54,7 +54,7 @@ from .units import parse_size
 __all__ = ["ALGORITHMS", "MPI_ALGORITHMS", "ConfigError", "Config", "current", "reload", "parse_size",
            "horovod_switch", "horovod_requested_by_startup_hook", "horovod_requested_by_import",
            "bucket_bytes", "progress_thread_setting", "gradient_as_bucket_view", "stall_check_seconds",
-           "stall_shutdown_seconds", "timeline_file", "env_text", "read_ranks_per_host",
+           "stall_shutdown_seconds", "stall_shutdown_is_horovods", "timeline_file", "env_text", "read_ranks_per_host",
            "horovod_mpi_threads_disabled"]
 
 #: MPI's own allreduce: "mpi" is MPI_Allreduce itself (stock Horovod's CPU path), "mpi-ring"
@@ -334,6 +334,19 @@ def stall_check_seconds(environ: Optional[Mapping[str, str]] = None) -> Optional
 
 def stall_shutdown_seconds(environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
     """Seconds after which a waiting call fails (*_STALL_SHUTDOWN_TIME_SECONDS); None: never (0 too).
-    The stall inspector also ignores a time below the check's, as Horovod's does."""
+    The stall inspector ignores Horovod's below the check time, as Horovod does."""
     seconds = _seconds(environ, "STALL_SHUTDOWN_TIME_SECONDS")
     return seconds or None
+
+
+def stall_shutdown_is_horovods(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether the stall shutdown time comes from HOROVOD_STALL_SHUTDOWN_TIME_SECONDS."""
+    return (not env_text(environ, "MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS")
+            and bool(env_text(environ, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")))
+
+
+def __getattr__(name: str):
+    if name == "data":   # the data package's settings, once here (importing them imports torch)
+        from .data.settings import data
+        return data
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -178,16 +178,14 @@ class Engine:
         self._closed = False
 
     def set_window(self, win, address: int, slot_bytes: int, small_bytes: int) -> None:
-        """Use (or, with ``win`` None, stop using) a shared-memory window for the one-host stages."""
-        # the progress thread holds the lock while it runs: pause it, so calls in flight end first
-        restart = self.threaded
-        self.stop_thread()
+        """Use (or, with ``win`` None, stop using) a shared-memory window for the one-host stages:
+        before the progress thread starts, or once the engine is closed (the thread holds the lock
+        for its whole life, and calls in flight use the window)."""
+        if self._thread is not None or (self.calls and not self._closed):   # closed: its calls were failed
+            raise RuntimeError("mcallreduce: the shared-memory window changes only with no call in flight "
+                               "and no progress thread (close the context first)")
         with self.lock:
-            while self.calls:
-                self._report(self.native.progress(True, -1))
             self.native.set_window(win.py2f() if win is not None else -1, address, slot_bytes, small_bytes)
-        if restart:
-            self.start_thread()
 
     # ------------------------------------------------------------------ submission
     @property

@@ -157,7 +157,7 @@ class Context:
         self.engine.close()
 
     def release_shared(self) -> None:
-        """Free the shared-memory window now (collective); later calls run without it."""
+        """Free the shared-memory window now (collective; after :meth:`close`)."""
         if self.shared is not None:
             self.engine.set_window(None, 0, 0, 0)
             self.shared.free()

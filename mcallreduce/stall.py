@@ -6,8 +6,8 @@ default 60) is reported once on stderr: its sequence number, what it is when a c
 check's peer, the schedule, MPI's allreduce), then, once per process, where the executor is
 (the MPI call it is inside, wake-up sends in progress) and every Python thread's stack: enough
 to tell a rank that never started the call from one stuck inside MPI. Past
-``stall_shutdown_seconds()`` (when not below the check time: Horovod's rule) every call in
-flight fails with an error instead of waiting forever. A peer that shuts down is noticed
+``stall_shutdown_seconds()`` (if Horovod's variable set it, only when not below the check time,
+as Horovod's rule is) every call in flight fails with an error instead of waiting forever. A peer that shuts down is noticed
 sooner by its goodbye (native/executor.c).
 
 The inspector is a daemon thread that sleeps between looks (it never polls MPI), started
@@ -44,7 +44,8 @@ class StallInspector:
         if warn_after is None:
             return None
         fail_after = config.stall_shutdown_seconds()
-        if fail_after is not None and fail_after < warn_after:   # Horovod's rule: report first, or never fail
+        # Horovod's rule for its own variable: report first, or never fail
+        if fail_after is not None and fail_after < warn_after and config.stall_shutdown_is_horovods():
             if engine.ctx.rank == 0:
                 _say(f"mcallreduce: the stall shutdown time ({fail_after:g} s) is less than the stall check time "
                      f"({warn_after:g} s): calls will not fail on a stall, as in Horovod")

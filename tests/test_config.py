@@ -258,7 +258,9 @@ def test_horovod_and_data_variables():
 
 
 def test_data_variables(monkeypatch):
+    from mcallreduce import config
     from mcallreduce.data.settings import data
+    assert config.data is data   # where the namespace was before
     assert data.threads() == 4 and data.partition() == "split" and data.ranks_per_host() is None
     monkeypatch.setenv("MCALLREDUCE_DATA_MEMORY_LIMIT", "1.5G")
     monkeypatch.setenv("MCALLREDUCE_RANKS_PER_HOST", "2")
@@ -290,9 +292,12 @@ def test_a_stall_shutdown_time_below_the_check_time_never_fails_a_call_as_in_hor
     engine = SimpleNamespace(ctx=SimpleNamespace(rank=0), waiting=lambda: [])
     for ours in ("MCALLREDUCE_STALL_CHECK_TIME_SECONDS", "MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS"):
         monkeypatch.delenv(ours, raising=False)   # conftest sets a shutdown time for every job
-    for check, shutdown, fails_after in (("60", "30", None), ("10", "30", 30.0)):
+    for check, shutdown, ours, fails_after in (("60", "30", None, None), ("10", "30", None, 30.0),
+                                              ("60", "90", "30", 30.0)):   # our own variable: as documented
         monkeypatch.setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", check)
         monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", shutdown)
+        if ours:
+            monkeypatch.setenv("MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS", ours)
         inspector = StallInspector.start(engine)
         inspector.stop()
         assert inspector.fail_after == fails_after

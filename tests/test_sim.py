@@ -303,7 +303,9 @@ def test_report_splices_only_its_section_and_checks_goals(tmp_path):
 def test_tune_cli_writes_the_table(tmp_path, capsys):
     from mcallreduce.bench import tune
     out = tmp_path / "tuning.json"
-    assert tune.main(["--hosts", "2", "--ranks-per-host", "1,2", "--sizes", "4K,256K", "--out", str(out)]) == 0
+    # a size named twice is one row (a table with two rows of one size is refused)
+    assert tune.main(["--hosts", "2", "--ranks-per-host", "1,2", "--sizes", "256K,4K,4096", "--out", str(out)]) == 0
+    tuning.check_file(str(out))
     tables = json.loads(out.read_text())["tables"]
     assert set(tables) == {"2h1r", "2h2r"} and [r["size_bytes"] for r in tables["2h2r"]] == [4096, 262144]
     assert "vs ring" in capsys.readouterr().out

@@ -45,7 +45,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", default=str(TUNING_FILE), help="JSON table to write ('-': none)")
     ns = ap.parse_args(argv)
     try:
-        sizes = [parse_size(s, "--sizes") for s in ns.sizes.split(",") if s]
+        sizes = sorted({parse_size(s, "--sizes") for s in ns.sizes.split(",") if s})   # a table holds one row per size
         hosts, ranks = (_counts(ns.hosts, "--hosts"), _counts(ns.ranks_per_host, "--ranks-per-host"))
         parse_rate(ns.rate, "--rate")
     except ValueError as exc:

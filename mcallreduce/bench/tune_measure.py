@@ -157,7 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     kinds = [k for k in ns.calls.split(",") if k]
     if not kinds or set(kinds) - set(SECTIONS):
         ap.error(f"--calls {ns.calls!r}: blocking, nonblocking or both")
-    sizes = [parse_size(s, "--sizes") for s in ns.sizes.split(",") if s]
+    sizes = sorted({parse_size(s, "--sizes") for s in ns.sizes.split(",") if s})   # a table holds one row per size
     layout = layout_name(hosts)
     sections = {SECTIONS[kind]: {layout: measure(sizes, ns.seconds, ns.min_iters, ns.passes, ns.margin,
                                                  nonblocking=kind == "nonblocking")} for kind in kinds}

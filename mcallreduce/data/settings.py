@@ -33,7 +33,7 @@ DATA_VARIABLES = {
 
 
 class data:
-    """The ``MCALLREDUCE_DATA_*`` settings (a namespace: ``config.data.threads()``)."""
+    """The ``MCALLREDUCE_DATA_*`` settings (a namespace: ``settings.data.threads()``)."""
 
     @staticmethod
     def raw(name: str) -> str:

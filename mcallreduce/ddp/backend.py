@@ -155,6 +155,7 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         """destroy_process_group(): the group's engine stops (its threads end; the peers get its goodbye)."""
         try:
             self._finish_allreduces()
+            self._context.close()   # first: its progress thread holds the engine while it runs
             self._context.release_shared()   # collective, as destroy_process_group is: the window's memory
         finally:
             self._context.close()
