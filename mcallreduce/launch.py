@@ -5,21 +5,25 @@ Open MPI needs a few flags that depend on the machine rather than on the job:
 and then ``--mca mpi_yield_when_idle 1``: without it, ranks that spin in MPI's
 progress loop starve each other and a benchmark measures the scheduler instead
 of the network (docs/cluster.md).
-:func:`run` also gives each job its own shared-memory backing directory and removes it
-afterwards, so a job killed at its timeout leaves nothing in /dev/shm.
+:func:`run` and the command line also give each job its own shared-memory backing directory
+and session directory and remove them afterwards, so a job killed at its timeout or stopped by
+a signal leaves nothing in /dev/shm or /tmp; :func:`run` kills every process of the job's
+session (ranks and their children), not mpirun alone.
 
     python -m mcallreduce.launch -np 4 -- python -m mcallreduce.bench --sizes 1M
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import sys
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
 from .mpit import DYNAMIC_RULES, DYNAMIC_RULES_ENV
 
@@ -100,32 +104,66 @@ def run(
     outlives ``timeout`` is killed (with its ranks) and reported as a failure
     with returncode -9, so a hung collective fails a test instead of stalling it.
     """
-    # Open MPI's shared-memory transport keeps its files in /dev/shm and removes them at a
-    # clean exit only; a job killed here (SIGKILL) would leave them. Each job gets its own
-    # backing directory, removed whatever happened.
-    shm = tempfile.mkdtemp(prefix="mcallreduce-mpi-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    # the transport's name in Open MPI 4 (vader) and 5 (sm); each ignores the other's
-    mca = {"btl_vader_backing_directory": shm, "btl_sm_backing_directory": shm, **(kwargs.pop("mca", None) or {})}
-    cmd = mpirun_command(np, argv, env=env, mca=mca, **kwargs)
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    try:
+    with _job_directories() as mca:
+        cmd = mpirun_command(np, argv, env=env, mca={**mca, **(kwargs.pop("mca", None) or {})}, **kwargs)
+        full_env = dict(os.environ)
+        full_env.update(env or {})
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=full_env, start_new_session=True)
+                                errors="backslashreplace", env=full_env, start_new_session=True)
         try:
             out, err = proc.communicate(timeout=timeout)
             code = proc.returncode
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
+            _kill_session(proc)
             out, err = proc.communicate()
             code = -9
             err += f"\n[mcallreduce.launch] killed after {timeout:.0f}s timeout\n"
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
+        except BaseException:   # Ctrl-C or an error here: the job must not outlive its caller
+            _kill_session(proc)
+            raise
     result = subprocess.CompletedProcess(cmd, code, out, err)
     if check and code != 0:
         raise RuntimeError(f"MPI job failed ({code}): {' '.join(cmd)}\n--- stdout\n{out}\n--- stderr\n{err}")
     return result
+
+
+@contextlib.contextmanager
+def _job_directories() -> Iterator[Dict[str, str]]:
+    """A job's own directories, as mpirun's ``--mca`` settings, removed whatever happened: Open MPI's
+    shared-memory transport keeps its files in /dev/shm, and mpirun its session under /tmp, and each
+    removes them at a clean exit only."""
+    made: List[str] = []
+    try:
+        made.append(tempfile.mkdtemp(prefix="mcallreduce-mpi-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+        made.append(tempfile.mkdtemp(prefix="mcallreduce-ompi-"))
+        # the transport's name in Open MPI 4 (vader) and 5 (sm); each ignores the other's
+        yield {"btl_vader_backing_directory": made[0], "btl_sm_backing_directory": made[0],
+               "orte_tmpdir_base": made[1]}
+    finally:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    """Kill mpirun and everything in its session: Open MPI puts each rank in a process group of
+    its own, so killing mpirun's group leaves ranks (and their children) running."""
+    for pid in _session_members(proc.pid) + [proc.pid]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _session_members(sid: int) -> list[int]:
+    """The processes whose session is ``sid`` (Linux /proc; none found elsewhere)."""
+    members = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()   # after the command name, which may hold spaces
+                if int(fields[3]) == sid:   # state, ppid, pgrp, session
+                    members.append(int(entry))
+    return members
 
 
 def exported_env(items: Sequence[str]) -> Dict[str, str]:
@@ -157,15 +195,32 @@ def main(args: Optional[Sequence[str]] = None) -> int:
         parser.error("no program given (use: -np N -- program args...)")
     try:
         env = exported_env(ns.env)
-        cmd = mpirun_command(ns.np, argv, env=env)
+        if ns.dry_run:   # what runs, less the job's own directories
+            print(shlex.join(mpirun_command(ns.np, argv, env=env)))
+            return 0
+        with _job_directories() as mca:
+            return _supervise(mpirun_command(ns.np, argv, env=env, mca=mca))
     except ValueError as exc:
         parser.error(str(exc))
-    if ns.dry_run:
-        print(shlex.join(cmd))
-        return 0
+    except RuntimeError as exc:   # no mpirun: the shell's "command not found"
+        print(f"python -m mcallreduce.launch: error: {exc}", file=sys.stderr)
+        return 127
+
+
+def _supervise(cmd: Sequence[str]) -> int:
+    """Run mpirun as a child, with this process's output, passing it the signals that stop a job
+    (mpirun stops the ranks), so that the job's directories are removed after it; its exit
+    status as a shell reports it (128 + the signal)."""
     sys.stdout.flush()
-    os.execv(cmd[0], cmd)  # mpirun takes this process's place: signals and exit code go straight through
-    return 127
+    proc = subprocess.Popen(cmd)
+    forward = {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+               for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, previous in forward.items():
+            signal.signal(sig, previous)
+    return 128 - code if code < 0 else code
 
 
 if __name__ == "__main__":
