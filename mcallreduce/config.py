@@ -77,7 +77,10 @@ def inter_host_segment_bytes(environ: Optional[Mapping[str, str]] = None) -> int
     """The largest segment that crosses hosts eagerly: the TCP eager limit less its headers,
     in whole 4 KiB (``OMPI_MCA_btl_tcp_eager_limit`` when set, as mpirun --mca sets it)."""
     value = (os.environ if environ is None else environ).get(EAGER_LIMIT_VARIABLE, "").strip()
-    limit = parse_size(value, EAGER_LIMIT_VARIABLE) if value else EAGER_LIMIT_BYTES
+    try:   # Open MPI reads it with strtoull(..., 0): 0x10000 and 0200000 too
+        limit = int(value, 0) if value else EAGER_LIMIT_BYTES
+    except ValueError:
+        limit = parse_size(value, EAGER_LIMIT_VARIABLE)
     return max(4096, (limit - EAGER_HEADER_BYTES) // 4096 * 4096)
 
 

@@ -7,6 +7,7 @@ single-host communicator that the one-host stage (native/shared_stage.c) runs in
 from __future__ import annotations
 
 import atexit
+import sys
 from typing import Any, Optional
 
 import numpy as np
@@ -29,8 +30,13 @@ def as_array(buf: Any) -> np.ndarray:
         if buf.device.type != "cpu":
             raise TypeError(f"mcallreduce: {buf.device.type} tensors are not supported; "
                             "pass a CPU or CUDA tensor")
+        if buf.layout != sys.modules["torch"].strided:   # sparse: torch is imported, buf is its tensor
+            raise TypeError(f"mcallreduce: a {buf.layout} tensor; pass a dense one (tensor.to_dense())")
         if not buf.is_contiguous():
             raise ValueError("mcallreduce: tensor is not contiguous; call .contiguous() first")
+        if buf.is_neg() or buf.is_conj():   # lazy views numpy cannot share (torch raises RuntimeError, not TypeError)
+            raise TypeError("mcallreduce: a negated or conjugated tensor view; pass tensor.resolve_neg() "
+                            "or tensor.resolve_conj()")
         try:
             arr = buf.detach().numpy()
         except TypeError as exc:  # e.g. bfloat16 has no numpy equivalent

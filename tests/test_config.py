@@ -165,6 +165,8 @@ def test_inter_host_segment_follows_the_tcp_eager_limit():
     assert inter_host_segment_bytes({}) == 60 << 10                    # 64 KiB less the headers
     assert inter_host_segment_bytes({"OMPI_MCA_btl_tcp_eager_limit": "1M"}) == (1 << 20) - 4096
     assert inter_host_segment_bytes({"OMPI_MCA_btl_tcp_eager_limit": "2048"}) == 4096   # a floor
+    # as Open MPI reads it (strtoull, base 0): once a ConfigError on every call
+    assert inter_host_segment_bytes({"OMPI_MCA_btl_tcp_eager_limit": "0x10000"}) == 60 << 10
     env = {"OMPI_MCA_btl_tcp_eager_limit": "262144"}
     _, p = resolve(Config.from_env(env), 64 << 20, 4, [[0], [1], [2], [3]])
     assert p.segment == (256 << 10) // 4 - 1024

@@ -89,6 +89,28 @@ def option_on_one_rank():
             assert list(bad)[0] in str(error), error
 
 
+def lazy_tensor_view_on_one_rank():
+    # a negated view failed in torch's numpy() with RuntimeError on that rank alone, whose next
+    # call then paired with its peers' first
+    import torch
+    tensor = torch.ones(4)._neg_view() if rank == 0 else torch.ones(4)
+    error = within(10, lambda: mcallreduce.allreduce(tensor))
+    assert isinstance(error, (TypeError, ValueError)), error
+    assert rank != 0 or "negated" in str(error), error
+    after = within(10, lambda: mcallreduce.allreduce(torch.full((4,), 10.0)))
+    assert not isinstance(after, Exception) and after[0] == 10 * size, after
+
+
+def intercommunicator():
+    # MPI_Comm_split_type on an intercommunicator crashed every rank (SIGSEGV)
+    local = world.Split(rank % 2, rank)
+    inter = local.Create_intercomm(0, world, 1 - rank % 2)
+    error = within(10, lambda: mcallreduce.allreduce(np.ones(4), comm=inter))
+    assert isinstance(error, TypeError) and "intercommunicator" in str(error), error
+    inter.Free()
+    local.Free()
+
+
 def every_tag_window_in_flight():
     # one call more than there are tag windows: the last waits for the first instead of failing on one rank
     windows = Context.get().windows
