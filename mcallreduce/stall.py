@@ -7,8 +7,8 @@ check's peer, the schedule, MPI's allreduce), then, once per process, where the 
 (the MPI call it is inside, wake-up sends in progress) and every Python thread's stack: enough
 to tell a rank that never started the call from one stuck inside MPI. Past
 ``stall_shutdown_seconds()`` (if Horovod's variable set it, only when not below the check time,
-as Horovod's rule is) every call in flight fails with an error instead of waiting forever. A peer that shuts down is noticed
-sooner by its goodbye (native/executor.c).
+as Horovod's rule is) every call in flight fails with an error instead of waiting forever. A
+peer that shuts down is noticed sooner by its goodbye (native/executor.c).
 
 The inspector is a daemon thread that sleeps between looks (it never polls MPI), started
 with the engine unless ``*_STALL_CHECK_DISABLE=1``.
