@@ -1,8 +1,8 @@
 """Which ranks share a host: the one place the engine, the data package and the DDP layer ask MPI.
 
 Hosts are numbered in the order of their lowest rank. ``ranks_per_host`` (the value of
-``MCALLREDUCE_RANKS_PER_HOST``) groups consecutive ranks into emulated hosts instead, so that
-multi-host code runs on one machine. Every function here is collective over ``comm``.
+``MCALLREDUCE_RANKS_PER_HOST``) groups consecutive ranks of COMM_WORLD into emulated hosts
+instead, so that multi-host code runs on one machine. Every function here is collective over ``comm``.
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ __all__ = ["host_comm", "host_of_rank", "hosts", "all_on_one_host"]
 
 def host_comm(comm, ranks_per_host: Optional[int] = None):
     """This rank's host communicator, ranks in ``comm``'s order; the caller frees it."""
-    if ranks_per_host:
-        return comm.Split(comm.Get_rank() // ranks_per_host, comm.Get_rank())
     from mpi4py import MPI
+    if ranks_per_host:   # emulated hosts hold consecutive ranks of the job, whatever comm's order
+        return comm.Split(MPI.COMM_WORLD.Get_rank() // ranks_per_host, comm.Get_rank())
     return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
 
 

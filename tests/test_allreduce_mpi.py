@@ -156,3 +156,7 @@ def test_the_api_where_a_user_strays_from_the_common_call(case):
     env = {"MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS": "2", "MCALLREDUCE_STALL_CHECK_TIME_SECONDS": "1"} \
         if case.startswith("stall") else None
     passed(mpi_script(2, "api_edges.py", *case.split(), env=env, timeout=90))
+
+
+def test_emulated_hosts_group_the_jobs_ranks_also_on_a_reordered_communicator():
+    passed(mpi_script(3, "host_layout.py", env={"MCALLREDUCE_RANKS_PER_HOST": "2"}, timeout=60))

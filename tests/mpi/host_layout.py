@@ -1,0 +1,25 @@
+"""Emulated hosts (MCALLREDUCE_RANKS_PER_HOST) group the job's ranks, also seen from a communicator
+whose ranks run in another order: 3 ranks, 2 per host.
+
+    python -m mcallreduce.launch -np 3 -x MCALLREDUCE_RANKS_PER_HOST=2 -- python tests/mpi/host_layout.py
+
+Exit status 0 when every rank saw the layout, and the allreduce's sum, right.
+"""
+import numpy as np
+from mpi4py import MPI
+
+import mcallreduce
+from mcallreduce import hostlayout
+from mcallreduce.config import read_ranks_per_host
+
+world = MPI.COMM_WORLD
+assert world.Get_size() == 3 and read_ranks_per_host() == 2
+assert hostlayout.hosts(world, 2) == [[0, 1], [2]]
+reverse = world.Split(0, -world.Get_rank())   # world ranks 2, 1, 0 as 0, 1, 2
+# world 2 is host 1 alone; world 1 and 0 share host 0 (once: world 2 and 1 together, by their new ranks)
+assert hostlayout.hosts(reverse, 2) == [[0], [1, 2]], hostlayout.hosts(reverse, 2)
+x = np.full(5, float(world.Get_rank() + 1))
+mcallreduce.allreduce(x, comm=reverse)
+assert (x == 6.0).all(), x
+reverse.Free()
+print(f"rank {world.Get_rank()}: layout right", flush=True)
