@@ -51,6 +51,8 @@ class Context:
     _keyval: Optional[int] = None       # an attribute whose deletion (MPI_Comm_free) forgets the handle
 
     def __init__(self, comm: MPI.Comm, config: Config):
+        if comm == MPI.COMM_NULL:
+            raise ValueError("mcallreduce: comm is MPI.COMM_NULL (a rank outside a Split's or Create's group)")
         if comm.Is_inter():   # the schedules and MPI_Comm_split_type need one group (an intercomm crashed there)
             raise TypeError("mcallreduce: an intercommunicator has no allreduce here; Merge() it first")
         # a table that one rank cannot follow fails every rank now, not the first call on that rank alone

@@ -102,13 +102,15 @@ def lazy_tensor_view_on_one_rank():
 
 
 def intercommunicator():
-    # MPI_Comm_split_type on an intercommunicator crashed every rank (SIGSEGV)
+    # MPI_Comm_split_type on an intercommunicator crashed every rank (SIGSEGV); COMM_NULL: no group at all
     local = world.Split(rank % 2, rank)
     inter = local.Create_intercomm(0, world, 1 - rank % 2)
     error = within(10, lambda: mcallreduce.allreduce(np.ones(4), comm=inter))
     assert isinstance(error, TypeError) and "intercommunicator" in str(error), error
     inter.Free()
     local.Free()
+    error = within(10, lambda: mcallreduce.allreduce(np.ones(4), comm=MPI.COMM_NULL))   # once a bare MPI error
+    assert isinstance(error, ValueError) and "COMM_NULL" in str(error), error
 
 
 def every_tag_window_in_flight():
