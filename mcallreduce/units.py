@@ -8,7 +8,7 @@ import re
 
 from .errors import ConfigError
 
-__all__ = ["parse_size", "parse_rate", "format_size", "format_bytes"]
+__all__ = ["parse_size", "parse_sizes", "parse_rate", "format_size", "format_bytes"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(i?[bB])?\s*$")
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)?\s*$", re.IGNORECASE)
@@ -21,6 +21,11 @@ def parse_size(text: str, what: str = "size") -> int:
         raise ConfigError(f"{what}: {text!r} is not a size (examples: 4096, 256K, 1M, 1.5G)")
     scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
     return int(float(m.group(1)) * scale) if "." in m.group(1) else int(m.group(1)) * scale
+
+
+def parse_sizes(text: str, what: str = "sizes") -> list:
+    """A comma-separated list of sizes, as the command lines take it ('4K,1M'); empty items skipped."""
+    return [parse_size(s, what) for s in text.split(",") if s]
 
 
 def parse_rate(text: str, what: str = "rate") -> int:

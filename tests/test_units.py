@@ -2,7 +2,7 @@
 import pytest
 
 from mcallreduce.errors import ConfigError
-from mcallreduce.units import format_bytes, format_size, parse_rate, parse_size
+from mcallreduce.units import format_bytes, format_size, parse_rate, parse_size, parse_sizes
 
 
 @pytest.mark.parametrize("n", [1, 1000, 4096, 65536, 65537, 3 << 20, 256 << 20, 1 << 30])
@@ -23,3 +23,9 @@ def test_rates_are_tc_units():
     assert parse_rate("1mbps") == 8_000_000   # bytes per second, as tc reads "bps"
     with pytest.raises(ConfigError, match="bad rate"):
         parse_rate("fast")
+
+
+def test_size_lists_are_the_command_lines_form():
+    assert parse_sizes("4K,1M,") == [4096, 1 << 20]
+    with pytest.raises(ConfigError, match="--sizes"):
+        parse_sizes("4K,lots", "--sizes")

@@ -26,7 +26,7 @@ from .. import mpit
 from .._executor import MPI_SEND_COPY_RANKS
 from ..config import ALGORITHMS
 from ..sim.predict import busbw
-from ..units import format_size, parse_size
+from ..units import format_size, parse_sizes
 from .output import command, pyplot, save_png, write_json
 from .provenance import provenance, utc_now
 from .timing import interleaved, iterations, whole_rounds
@@ -65,7 +65,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--label", default="", help="free text stored in the JSON (e.g. the machine)")
     ns = ap.parse_args(argv)
     try:
-        ns.sizes = [parse_size(s, "--sizes") for s in ns.sizes.split(",") if s]
+        ns.sizes = parse_sizes(ns.sizes, "--sizes")
     except ValueError as exc:
         ap.error(str(exc))
     ns.algorithms = [a.strip() for a in ns.algorithms.split(",") if a.strip()]

@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence
 
 from ..sim.model import load_calibration, paper
 from ..sim.tuner import TUNING_FILE, default_model, table
-from ..units import format_size, parse_rate, parse_size
+from ..units import format_size, parse_rate, parse_sizes
 from .output import write_json
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,16M,64M"
@@ -45,7 +45,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", default=str(TUNING_FILE), help="JSON table to write ('-': none)")
     ns = ap.parse_args(argv)
     try:
-        sizes = sorted({parse_size(s, "--sizes") for s in ns.sizes.split(",") if s})   # a table holds one row per size
+        sizes = sorted(set(parse_sizes(ns.sizes, "--sizes")))   # a table holds one row per size
         hosts, ranks = (_counts(ns.hosts, "--hosts"), _counts(ns.ranks_per_host, "--ranks-per-host"))
         parse_rate(ns.rate, "--rate")
     except ValueError as exc:

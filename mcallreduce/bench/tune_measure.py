@@ -30,7 +30,7 @@ import numpy as np
 
 from ..config import MPI_ALGORITHMS
 from ..tuning import NONBLOCKING_SECTION, layout_name
-from ..units import format_size, parse_size
+from ..units import format_size, parse_sizes
 from .output import command, write_table_json
 from .provenance import provenance, utc_now
 from .timing import interleaved, iterations
@@ -157,7 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     kinds = [k for k in ns.calls.split(",") if k]
     if not kinds or set(kinds) - set(SECTIONS):
         ap.error(f"--calls {ns.calls!r}: blocking, nonblocking or both")
-    sizes = sorted({parse_size(s, "--sizes") for s in ns.sizes.split(",") if s})   # a table holds one row per size
+    sizes = sorted(set(parse_sizes(ns.sizes, "--sizes")))   # a table holds one row per size
     layout = layout_name(hosts)
     sections = {SECTIONS[kind]: {layout: measure(sizes, ns.seconds, ns.min_iters, ns.passes, ns.margin,
                                                  nonblocking=kind == "nonblocking")} for kind in kinds}
