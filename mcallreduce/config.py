@@ -176,6 +176,9 @@ class Config:
         changes = {k: v for k, v in kwargs.items() if v is not None}
         if not changes:
             return self
+        for name in ("algorithm", "route"):   # as their variables are read: any case
+            if isinstance(changes.get(name), str):
+                changes[name] = changes[name].lower()
         key = (self, tuple(sorted(changes.items())))
         hit = _overridden.get(key)
         if hit is None:

@@ -213,12 +213,13 @@ class Builder:
 
     def _build_rank(self, rank: int) -> RankProgram:
         ops = self._ops[rank]
-        # Lay out this rank's scratch slots: one region per (sender, color, lane), depth slots each.
+        # Lay out this rank's scratch slots: one region per (sender, color, lane), depth slots each,
+        # or as many as it has receives (an unsegmented schedule's one receive needs one slot).
         base: Dict[Tuple[int, int, int, int], int] = {}
         total = 0
         for key in sorted(k for k in self._slot_size if k[0] == rank):
             base[key] = total
-            total += self.depth * self._slot_size[key]
+            total += min(self.depth, self._slot_use[key]) * self._slot_size[key]
 
         def scratch_off(slot) -> int:
             key, i = slot

@@ -313,6 +313,9 @@ def test_a_calls_options_are_checked_as_the_variables_are():
     for bad in ({"colors": 0}, {"colors": 1.5}, {"segment_bytes": -8}, {"fanout": 1}, {"depth": 0}, {"colors": True}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             base.with_overrides(**bad)
+    # names in any case, as MCALLREDUCE_ALGORITHM and MCALLREDUCE_ROUTE read them
+    named = base.with_overrides(algorithm="Ring", route="TREE")
+    assert (named.algorithm, named.route) == ("ring", "tree")
 
 
 def test_every_name_a_module_exports_exists():

@@ -99,6 +99,19 @@ def test_a_measured_table_keeps_the_builtin_choice_within_the_margin():
     assert choose({"multicolor": 2e-3, "ring": 1.3e-3, "mpi": 1.7e-3}, margin=0.03) == "ring"
 
 
+def test_the_tuner_ranks_candidates_by_their_typical_call_not_their_luckiest_pass():
+    import numpy as np
+    from mcallreduce.bench.tune_measure import CANDIDATES, choose, typical_times
+    # "scattered" has one quick pass and two slow ones; "steady" is the same in every pass
+    passes = [np.array([[1.0, 3.0]] * 5), np.array([[5.0, 3.0]] * 5), np.array([[5.0, 3.1]] * 5)]
+    times = typical_times(passes, ["scattered", "steady"])
+    assert times == {"scattered": 5.0, "steady": 3.0}
+    assert choose({"multicolor": 9.0, **times}, margin=0.03) == "steady"
+    # halving, Open MPI's own choice on 4 ranks at medium sizes, is timed whole and in 256 KiB segments
+    segments = {(algorithm, overrides.get("segment_bytes")) for _, algorithm, overrides in CANDIDATES}
+    assert {("halving", 0), ("halving", 256 << 10)} <= segments
+
+
 def test_nonblocking_calls_follow_the_rows_measured_with_them(tmp_path):
     from mcallreduce.policy import measured_nonblocking
     blocking = [{"size_bytes": 1 << 20, "algorithm": "halving", "segment_bytes": 60 << 10},

@@ -341,6 +341,14 @@ def test_pipelining_bounds_scratch_memory():
         assert prog.scratch_elems <= 4 * 1024 * 3 * 2
 
 
+def test_an_unsegmented_schedule_holds_one_slot_per_receive():
+    # halving on 4 ranks receives half, then a quarter of the buffer to reduce: a slot each,
+    # not depth of them (the executor allocates the whole scratch area on every call)
+    n = 1 << 20
+    sched = build_schedule("halving", flat(4), n, Params(segment=0, depth=4))
+    assert [prog.scratch_elems for prog in sched.programs] == [n // 2 + n // 4] * 4
+
+
 def test_deadlock_is_detected():
     # two ranks that each wait to receive before sending: a real deadlock under MPI
     recv_first = [Step(Op.RECV, 1, 0, 1, -1, 0), Step(Op.SEND, 1, 0, 1, -1, 0, deps=(0,))]

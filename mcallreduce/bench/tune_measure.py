@@ -5,9 +5,10 @@
 
 For every size, ``multicolor`` (its built-in choice of schedule, the shared-memory stage
 on one host included; and with 256 KiB and 1 MiB segments), ``ring``, ``doubling``,
-``halving``, ``mpi`` (MPI's own allreduce, through the same executor) and ``mpi-ring``
+``halving`` (also with 256 KiB segments and unsegmented), ``mpi`` (MPI's own allreduce, through the same executor) and ``mpi-ring``
 (Open MPI's ring, where it can be forced: :mod:`mcallreduce.mpit`) are timed
-through the public API, interleaved call by call, in a few passes, and the fastest is
+through the public API, interleaved call by call, in a few passes, and the fastest (by the
+median of all its calls) is
 the table's row for that size (the built-in choice stays where it is within ``--margin``
 of the fastest); multicolor's ``auto`` then runs it, as NCCL's tuner or
 Open MPI's dynamic rules pick an algorithm by size. Rows are per layout (hosts x ranks
@@ -39,7 +40,9 @@ from .timing import interleaved, iterations
 #: prefer to the eager-sized ones the built-in rules use across hosts), and the others
 CANDIDATES = (("multicolor", "multicolor", {}), ("multicolor-256K", "multicolor", {"segment_bytes": 256 << 10}),
               ("multicolor-1M", "multicolor", {"segment_bytes": 1 << 20}), ("ring", "ring", {}),
-              ("doubling", "doubling", {}), ("halving", "halving", {}), ("mpi", "mpi", {}),
+              ("doubling", "doubling", {}), ("halving", "halving", {}),
+              ("halving-256K", "halving", {"segment_bytes": 256 << 10}),
+              ("halving-unsegmented", "halving", {"segment_bytes": 0}), ("mpi", "mpi", {}),
               ("mpi-ring", "mpi-ring", {}))
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M,8M,16M,64M"
 DEFAULT_MARGIN = 0.03   # near ties trade places from run to run (docs/benchmarks.md, "The built-in table")
@@ -64,26 +67,31 @@ def _caller(nonblocking: bool):
 
 def _time_size(comm, size: int, seconds: float, min_iters: int, passes: int,
                arms_spec: Sequence[tuple], nonblocking: bool) -> Dict[str, float]:
-    """Each candidate's time at ``size`` bytes of float32: the median slowest-rank time of a
-    pass, the least over ``passes`` passes (load on a shared machine comes in bursts that
-    spoil whole passes; the quietest pass is the cluster's own speed)."""
+    """Each candidate's time at ``size`` bytes of float32: the median slowest-rank time of all
+    its calls, in ``passes`` passes. The median of every call, not the quickest pass, because
+    that is what a training loop and the benchmark see: a candidate whose times scatter (many
+    small messages on a busy machine) must not win on one lucky pass (docs/defaults-hosts.md,
+    "How the tuner ranks candidates")."""
     call = _caller(nonblocking)
     buf = np.ones(max(1, size // 4), np.float32)
     for _, algorithm, overrides in arms_spec:     # warm-up: plans, schedules, scratch
         call(buf, algorithm=algorithm, **overrides)
     arms = [lambda a=algorithm, o=overrides: call(buf, algorithm=a, **o) for _, algorithm, overrides in arms_spec]
     iters = iterations(comm, arms, seconds * len(arms) / passes, min_iters, cap=100)
-    best = {name: float("inf") for name, _, _ in arms_spec}
     data = buf.copy()
 
     def reset() -> None:   # fresh data before every call, as the benchmark and a training step have
         buf[...] = data
 
-    for _ in range(passes):
-        slowest, _ = interleaved(comm, arms, iters, reset)
-        for j, (name, _, _) in enumerate(arms_spec):
-            best[name] = min(best[name], float(np.median(slowest[:, j])))
-    return best
+    return typical_times([interleaved(comm, arms, iters, reset)[0] for _ in range(passes)],
+                         [name for name, _, _ in arms_spec])
+
+
+def typical_times(passes: Sequence[np.ndarray], names: Sequence[str]) -> Dict[str, float]:
+    """Each candidate's median over every call of every pass (``passes``: one iterations x
+    candidates array of slowest-rank seconds per pass)."""
+    calls = np.concatenate(passes)
+    return {name: float(np.median(calls[:, j])) for j, name in enumerate(names)}
 
 
 def choose(times: Dict[str, float], margin: float) -> str:
