@@ -5,13 +5,12 @@
 
 For every size, ``multicolor`` (its built-in choice of schedule, the shared-memory stage
 on one host included; and with 256 KiB and 1 MiB segments), ``ring``, ``doubling``,
-``halving`` (also with 256 KiB segments and unsegmented), ``mpi`` (MPI's own allreduce, through the same executor) and ``mpi-ring``
-(Open MPI's ring, where it can be forced: :mod:`mcallreduce.mpit`) are timed
-through the public API, interleaved call by call, in a few passes, and the fastest (by the
-median of all its calls) is
-the table's row for that size (the built-in choice stays where it is within ``--margin``
-of the fastest); multicolor's ``auto`` then runs it, as NCCL's tuner or
-Open MPI's dynamic rules pick an algorithm by size. Rows are per layout (hosts x ranks
+``halving`` (also with 256 KiB segments and unsegmented), ``mpi`` (MPI's own allreduce,
+through the same executor) and ``mpi-ring`` (Open MPI's ring, where it can be forced:
+:mod:`mcallreduce.mpit`) are timed through the public API, interleaved call by call, in a
+few passes, and the fastest by the median of all its calls is the table's row for that size
+(the built-in choice stays where it is within ``--margin`` of the fastest); multicolor's
+``auto`` then runs it, as NCCL's tuner or Open MPI's dynamic rules pick an algorithm by size. Rows are per layout (hosts x ranks
 per host): rerun it after changing either, or the network.
 
 Each kind of call gets rows of its own (``--calls``): ``allreduce`` timed as itself, and
