@@ -10,8 +10,8 @@ through the same executor) and ``mpi-ring`` (Open MPI's ring, where it can be fo
 :mod:`mcallreduce.mpit`) are timed through the public API, interleaved call by call, in a
 few passes, and the fastest by the median of all its calls is the table's row for that size
 (the built-in choice stays where it is within ``--margin`` of the fastest); multicolor's
-``auto`` then runs it, as NCCL's tuner or Open MPI's dynamic rules pick an algorithm by size. Rows are per layout (hosts x ranks
-per host): rerun it after changing either, or the network.
+``auto`` then runs it, as NCCL's tuner or Open MPI's dynamic rules pick an algorithm by size.
+Rows are per layout (hosts x ranks per host): rerun it after changing either, or the network.
 
 Each kind of call gets rows of its own (``--calls``): ``allreduce`` timed as itself, and
 ``allreduce_async`` waited for at once, which is what the Horovod plugin and the DDP hook
