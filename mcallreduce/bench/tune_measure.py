@@ -146,7 +146,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--sizes", default=DEFAULT_SIZES)
     ap.add_argument("--seconds", type=float, default=0.5, help="time budget per size and candidate")
     ap.add_argument("--min-iters", type=int, default=5, help="timed calls per candidate and pass, at least")
-    ap.add_argument("--passes", type=int, default=3, help="interleaved passes per size; each candidate keeps its best")
+    ap.add_argument("--passes", type=int, default=3, help="interleaved passes per size; a candidate's time is the median of all its calls")
     ap.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                     help="keep the built-in choice where it is within this fraction of the fastest")
     ap.add_argument("--calls", default="blocking,nonblocking",
