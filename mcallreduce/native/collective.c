@@ -50,7 +50,7 @@ void pump_collectives(EngineObject *e) {
         const void *send = MPI_IN_PLACE;
         if (e->size >= MPI_SEND_COPY_RANKS) {
             r->scratch_bytes = (size_t)r->nelem * r->isz;
-            r->scratch = pool_take(e, r->scratch_bytes);
+            r->scratch = r->scratch_area = pool_take(e, r->scratch_bytes);
             if (!r->scratch) { fail_run(e, r, "out of memory", MPI_SUCCESS); continue; }
             memcpy(r->scratch, r->buf, r->scratch_bytes);
             send = r->scratch;

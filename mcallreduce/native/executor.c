@@ -113,11 +113,22 @@ static void post_ready(EngineObject *e, run_t *r) {
     if (!r->done && r->remaining == 0) finish(e, r, STATUS_OK);
 }
 
+/* Where the scratch area starts in its allocation: half a page from the user's buffer, so that a
+   reduction's loads from scratch never share their low twelve address bits with its stores into the
+   buffer close behind them, which stalls each such load (4K aliasing; both are often a few bytes
+   into a page: docs/defaults.md, "Scratch half a page from the buffer"). */
+#define PAGE_BYTES 4096
+static char *scratch_in(char *area, const char *buf) {
+    uintptr_t want = ((uintptr_t)buf + PAGE_BYTES / 2) % PAGE_BYTES, have = (uintptr_t)area % PAGE_BYTES;
+    return area + (want + PAGE_BYTES - have) % PAGE_BYTES;
+}
+
 static void start_schedule(EngineObject *e, run_t *r) {
     ProgramObject *p = (ProgramObject *)r->program;
     /* an early receive may take early_max bytes wherever it lands (early.c) */
-    r->scratch_bytes = (size_t)p->scratch_elems * r->isz + (r->early ? e->early_max : 0);
-    r->scratch = pool_take(e, r->scratch_bytes);
+    r->scratch_bytes = (size_t)p->scratch_elems * r->isz + (r->early ? e->early_max : 0) + PAGE_BYTES;
+    r->scratch_area = pool_take(e, r->scratch_bytes);
+    r->scratch = r->scratch_area ? scratch_in(r->scratch_area, r->buf) : NULL;
     r->waiting = malloc(sizeof(int32_t) * (size_t)(p->nsteps + 1));
     r->ready = malloc(sizeof(int32_t) * (size_t)(p->nsteps + 1));
     r->ncolors = p->ncolors;
@@ -192,9 +203,9 @@ void finish(EngineObject *e, run_t *r, int status) {
     if (status != STATUS_OK) r->abandoned = r->inflight > 0;
     if (status == STATUS_OK) scale_buffer(r->dtype, r->buf, r->nelem, r->post);
     /* a failed run's requests may still be posted: the buffers under them stay with the run */
-    if (r->scratch && (status == STATUS_OK || !r->inflight)) {
-        pool_give(e, r->scratch, r->scratch_bytes);
-        r->scratch = NULL;
+    if (r->scratch_area && (status == STATUS_OK || !r->inflight)) {
+        pool_give(e, r->scratch_area, r->scratch_bytes);
+        r->scratch_area = r->scratch = NULL;
     }
     if (r->crecv && !r->inflight) {
         pool_give(e, r->crecv, check_capacity(e, r));
@@ -343,7 +354,7 @@ void progress(EngineObject *e, int block, run_t *until) {
 void free_run(run_t *r) {
     PyBuffer_Release(&r->view);
     Py_XDECREF(r->program);
-    free(r->waiting); free(r->ready); free(r->meta); free(r->cmine); free(r->crecv); free(r->scratch); free(r->color_t); free(r->sync_in); free(r->drain); free(r);
+    free(r->waiting); free(r->ready); free(r->meta); free(r->cmine); free(r->crecv); free(r->scratch_area); free(r->color_t); free(r->sync_in); free(r->drain); free(r);
 }
 
 /* Start a submitted run: its check (which leads to its body), in call order where it queues. */

@@ -84,6 +84,7 @@ typedef struct run {
     double pre, post;
     int32_t *waiting, *ready;
     int64_t nready, remaining;
+    char *scratch_area;         /* what was allocated (scratch_bytes), and where scratch starts in it */
     char *scratch;
     size_t scratch_bytes;
     int nmeta;
