@@ -13,8 +13,9 @@ backward goes on while the buckets travel.
 
 ``broadcast``, ``allgather`` and ``barrier`` are MPI's own, run when called, after this group's
 allreduces in flight (so a script sees its collectives in call order, as on gloo); DDP calls them
-at construction, at the bucket rebuild and for buffers, not for gradients. Other collectives
-raise NotImplementedError.
+at construction, at the bucket rebuild and for buffers, not for gradients. Past the group's
+timeout (``init_process_group(timeout=...)``) they raise RuntimeError, as gloo's do. Other
+collectives raise NotImplementedError.
 
 The group subclasses torch's public ``ProcessGroup`` and ``Work``; registering a Python
 backend is marked experimental in torch 2.13.
@@ -33,7 +34,7 @@ import torch.distributed as dist
 from torch.autograd import Variable
 
 from .. import policy
-from .futures import InFlight, future_for, inside_backward_node, reducible
+from .futures import InFlight, copy_back, future_for, inside_backward_node, reducible
 from .rendezvous import env_or_mpi_rendezvous, mpi_rendezvous, require_mpi_ranks
 
 __all__ = ["ProcessGroupMulticolor", "BACKEND", "register"]
@@ -44,6 +45,7 @@ _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "average", dist.ReduceOp.MI
         dist.ReduceOp.MAX: "max", dist.ReduceOp.PRODUCT: "product"}
 _IMPLEMENTED = "allreduce, broadcast, allgather and barrier"
 _TIMED_WAIT_NAP_S = 0.0005   # between tests of a wait with a timeout: the engine's own waits sleep too
+_SIDE_YIELDS = 1000          # tests of a broadcast, allgather or barrier before it naps between them
 
 
 class _Work(dist.Work):
@@ -121,7 +123,7 @@ def _bytes(tensor: torch.Tensor) -> np.ndarray:
     """A contiguous CPU tensor's bytes as a writable uint8 view (collectives that only move data)."""
     if tensor.device.type != "cpu":
         raise ValueError(f"mcallreduce backend: expected a CPU tensor, got {tensor.device}")
-    return tensor.reshape(-1).view(torch.uint8).numpy()
+    return tensor.detach().reshape(-1).view(torch.uint8).numpy()
 
 
 def _dense(tensor: torch.Tensor) -> torch.Tensor:
@@ -132,8 +134,11 @@ def _dense(tensor: torch.Tensor) -> torch.Tensor:
 class ProcessGroupMulticolor(dist.ProcessGroup):
     """Every rank of an MPI communicator (default COMM_WORLD) as a torch process group."""
 
-    def __init__(self, rank: int, size: int, comm: Any = None, progress_thread: Optional[bool] = None):
+    def __init__(self, rank: int, size: int, comm: Any = None, progress_thread: Optional[bool] = None,
+                 timeout: Optional[datetime.timedelta] = None):
         super().__init__(rank, size)
+        # init_process_group(timeout=...): how long broadcast, allgather and barrier wait, as on gloo
+        self._timeout = timeout if timeout is not None and timeout.total_seconds() > 0 else None
         from mpi4py import MPI
         from .. import runtime
         world = comm if comm is not None else MPI.COMM_WORLD
@@ -184,10 +189,10 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
                              "use mcallreduce.ddp.multicolor_hook on a gloo group")
         work, finish = reducible(tensor)
         handle = self._allreduce_async(work, op=op, comm=self._comm)
-        self._in_flight.add(handle)
+        future = future_for(handle, [tensor], finish)
+        self._in_flight.add(handle, future)
         self._in_flight.advance(finish=False)
-        return _Work(handle, future_for(handle, [tensor], finish),
-                     None if self._threaded else self._finish_at_end_of_backward)
+        return _Work(handle, future, None if self._threaded else self._finish_at_end_of_backward)
 
     def broadcast(self, tensors: Any, opts: Any = None) -> dist.Work:
         tensors = [tensors] if isinstance(tensors, torch.Tensor) else tensors
@@ -195,9 +200,9 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         self._finish_allreduces()
         for tensor in tensors:
             dense = _dense(tensor)
-            self._side.Bcast(_bytes(dense), root=root)
+            self._side_wait(self._side.Ibcast(_bytes(dense), root=root), "broadcast")
             if dense is not tensor:
-                tensor.copy_(dense)
+                copy_back(tensor, dense)
         return _done(tensors)
 
     def allgather(self, output_tensors: List, input_tensors: Any, opts: Any = None) -> dist.Work:
@@ -206,23 +211,37 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         self._finish_allreduces()
         for outputs, tensor in zip(output_tensors, input_tensors):
             mine = _bytes(_dense(tensor))
-            sizes = self._side.allgather(mine.size)
-            if len(set(sizes)) != 1 or len(outputs) != self.size():
-                raise ValueError(f"mcallreduce backend: allgather of {sizes} bytes from the ranks into "
+            sizes = np.empty(self.size(), np.int64)
+            self._side_wait(self._side.Iallgather(np.array([mine.size], np.int64), sizes), "allgather")
+            if len(set(sizes.tolist())) != 1 or len(outputs) != self.size():
+                raise ValueError(f"mcallreduce backend: allgather of {sizes.tolist()} bytes from the ranks into "
                                  f"{len(outputs)} outputs; every rank must send the same size, one output a rank")
             gathered = np.empty(mine.size * self.size(), np.uint8)
-            self._side.Allgather(mine, gathered)
+            self._side_wait(self._side.Iallgather(mine, gathered), "allgather")
             for r, out in enumerate(outputs):
                 dense = _dense(out)
                 _bytes(dense)[...] = gathered[r * mine.size:(r + 1) * mine.size]
                 if dense is not out:
-                    out.copy_(dense)
+                    copy_back(out, dense)
         return _done(output_tensors)
 
     def barrier(self, opts: Any = None) -> dist.Work:
         self._finish_allreduces()
-        self._side.Barrier()
+        self._side_wait(self._side.Ibarrier(), "barrier")
         return _done(None)
+
+    def _side_wait(self, request: Any, collective: str) -> None:
+        """Wait for a broadcast, allgather or barrier; past the group's timeout raise RuntimeError,
+        as gloo does, where a rank that failed or never calls it would leave this one waiting for ever
+        (the request stays posted: the group is not usable after)."""
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout.total_seconds()
+        tests = 0
+        while not request.Test():
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RuntimeError(f"mcallreduce backend: {collective} did not finish within {self._timeout} "
+                                   "(the process group's timeout): a rank failed, or did not call it")
+            tests += 1   # yield at first (most finish in microseconds), then nap as a timed Work.wait does
+            time.sleep(0 if tests < _SIDE_YIELDS else _TIMED_WAIT_NAP_S)
 
     def _finish_at_end_of_backward(self) -> None:
         """Queue the callback that finishes the allreduces in flight when this backward ends (it runs
@@ -259,7 +278,7 @@ for _method, _collective in _REFUSED.items():
 
 
 def _create(store, rank: int, world_size: int, timeout) -> ProcessGroupMulticolor:
-    return ProcessGroupMulticolor(rank, world_size)
+    return ProcessGroupMulticolor(rank, world_size, timeout=timeout)
 
 
 def register() -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 import collections
 import threading
 import warnings
-from typing import Any, Callable, Deque, Iterator, List, Optional
+from typing import Any, Callable, Deque, Iterator, List, Optional, Tuple
 
 import torch
 
 from ..engine import PROGRESS_THREAD_NAME
 
-__all__ = ["InFlight", "future_for", "inside_backward_node", "reducible"]
+__all__ = ["InFlight", "copy_back", "future_for", "inside_backward_node", "reducible"]
 
 _CURRENT_NODE = getattr(torch._C, "_current_autograd_node", None)   # private to torch; 2.13 has it
 _warned_no_node_query = False
@@ -120,13 +120,23 @@ def reducible(tensor: torch.Tensor):
     """
     if tensor.device.type not in ("cpu", "cuda"):
         raise TypeError(f"mcallreduce: {tensor.device.type} tensors are not supported; pass CPU or CUDA tensors")
+    if tensor.layout != torch.strided:   # DDP's sparse gradients (nn.Embedding(sparse=True)) among them
+        raise TypeError(f"mcallreduce: {tensor.layout} tensors are not supported (dense tensors only); "
+                        "reduce sparse gradients on a gloo group")
     if tensor.dtype == torch.bfloat16:
         work = tensor.to(torch.float32, memory_format=torch.contiguous_format)
     elif not tensor.is_contiguous():
         work = tensor.contiguous()
     else:
         return tensor, None
-    return work, lambda: tensor.copy_(work)
+    return work, lambda: copy_back(tensor, work)
+
+
+def copy_back(tensor: torch.Tensor, result: torch.Tensor) -> None:
+    """``tensor[...] = result`` outside autograd: a parameter that requires grad takes its
+    reduced value as a collective writes it, not as an operation to differentiate."""
+    with torch.no_grad():
+        tensor.copy_(result)
 
 
 class InFlight:
@@ -134,25 +144,30 @@ class InFlight:
     Their errors are left to their futures."""
 
     def __init__(self) -> None:
-        self._handles: List[Any] = []
+        self._entries: List[Tuple[Any, Optional[torch.futures.Future]]] = []
 
-    def add(self, handle: Any) -> None:
-        self._handles.append(handle)
+    def add(self, handle: Any, future: Optional[torch.futures.Future] = None) -> None:
+        """``future``: the one whose completion copies the result back, which ``finish`` waits for."""
+        self._entries.append((handle, future))
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(list(self._handles))
+        return iter([handle for handle, _ in self._entries])
 
     def advance(self, finish: bool) -> None:
-        """Drop the finished ones from the front: waiting for each, or testing until the oldest is
+        """Drop the finished ones from the front: waiting for each (and for its future, which the
+        progress thread's completer may still be copying back), or testing until the oldest is
         still out (one test advances every allreduce in flight; with the thread on it only reads)."""
-        while self._handles:
-            oldest = self._handles[0]
+        while self._entries:
+            oldest = self._entries[0]
+            handle, future = oldest
             try:
                 if finish:
-                    oldest.wait()
-                elif not oldest.test():
+                    handle.wait()
+                    if future is not None:
+                        future.wait()
+                elif not handle.test():
                     return
             except Exception:   # noqa: BLE001  (its future carries the error)
                 pass
-            if self._handles and self._handles[0] is oldest:   # a future's callback may have dropped it
-                self._handles.pop(0)
+            if self._entries and self._entries[0] is oldest:   # a future's callback may have dropped it
+                self._entries.pop(0)

@@ -162,13 +162,22 @@ def require_mpi_ranks(torch_rank: int, torch_size: int, comm=None, what: str = "
     """Raise unless torch's (rank, size) are the MPI communicator's (default COMM_WORLD).
 
     A torchrun launch without mpirun makes every process an MPI world of one: reducing over
-    it would "average" each rank with itself and nobody would notice.
+    it would "average" each rank with itself and nobody would notice. Where the sizes agree the
+    check is collective over ``comm``: every rank raises where one rank differs (a rank that
+    matched would wait alone in the collectives that follow). A size that differs raises at once:
+    a subgroup's ranks call this without the others.
     """
     from mpi4py import MPI
     comm = comm or MPI.COMM_WORLD
-    if (torch_rank, torch_size) != (comm.Get_rank(), comm.Get_size()):
-        hint = (" (each process is an MPI world of one: was the job started without mpirun, e.g. by "
-                "torchrun? launch it with mpirun or horovodrun)" if comm.Get_size() == 1 and torch_size > 1 else "")
-        raise RuntimeError(f"{what}: torch.distributed has rank {torch_rank} of {torch_size} but the MPI "
-                           f"communicator has rank {comm.Get_rank()} of {comm.Get_size()}{hint}; the allreduce "
-                           f"runs over MPI, so the two must be the same ranks in the same order{advice}")
+    mine = (torch_rank, torch_size) == (comm.Get_rank(), comm.Get_size())
+    if torch_size == comm.Get_size() and comm.allreduce(mine, op=MPI.LAND):
+        return
+    if mine:
+        raise RuntimeError(f"{what}: another rank's torch.distributed rank or world size is not its MPI rank "
+                           f"or size; the allreduce runs over MPI, so the two must be the same ranks in the "
+                           f"same order{advice}")
+    hint = (" (each process is an MPI world of one: was the job started without mpirun, e.g. by "
+            "torchrun? launch it with mpirun or horovodrun)" if comm.Get_size() == 1 and torch_size > 1 else "")
+    raise RuntimeError(f"{what}: torch.distributed has rank {torch_rank} of {torch_size} but the MPI "
+                       f"communicator has rank {comm.Get_rank()} of {comm.Get_size()}{hint}; the allreduce "
+                       f"runs over MPI, so the two must be the same ranks in the same order{advice}")

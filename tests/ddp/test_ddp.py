@@ -48,6 +48,14 @@ def test_failures_raise_on_every_rank_and_the_backend_matches_gloo(np_, init):
     assert f"all reported on {np_} ranks" in job(np_, "failures.py", init, timeout=120)
 
 
+@pytest.mark.parametrize("np_,thread", [(2, "1"), (3, "0")])
+def test_broadcast_allgather_and_barrier_do_what_gloo_users_rely_on(np_, thread):
+    # each once failed: stale results after a barrier with the thread on, copies into parameters
+    # that require grad, a sparse bucket's error, a barrier that waited for ever, a rank that hung
+    out = job(np_, "side_collectives.py", env={"MCALLREDUCE_PROGRESS_THREAD": thread}, timeout=120)
+    assert f"side collectives as gloo's on {np_} ranks" in out
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
