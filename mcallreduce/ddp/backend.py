@@ -139,6 +139,7 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         super().__init__(rank, size)
         # init_process_group(timeout=...): how long broadcast, allgather and barrier wait, as on gloo
         self._timeout = timeout if timeout is not None and timeout.total_seconds() > 0 else None
+        self._abandoned: List[Any] = []   # side collectives that timed out, still posted
         from mpi4py import MPI
         from .. import runtime
         world = comm if comm is not None else MPI.COMM_WORLD
@@ -238,6 +239,7 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         tests = 0
         while not request.Test():
             if deadline is not None and time.monotonic() >= deadline:
+                self._abandoned.append(request)   # it holds its buffer, which MPI may still write
                 raise RuntimeError(f"mcallreduce backend: {collective} did not finish within {self._timeout} "
                                    "(the process group's timeout): a rank failed, or did not call it")
             tests += 1   # yield at first (most finish in microseconds), then nap as a timed Work.wait does
