@@ -322,6 +322,13 @@ class Engine:
             out.append((waited[0], waited[1], None, waited[2]))
         return out
 
+    def limit_calls(self, seconds: float, what: str) -> None:
+        """Every call in flight fails once one has waited ``seconds`` (``what``: the limit's name in
+        the error), even where the stall check is off: a DDP group's timeout."""
+        if self.inspector is None:
+            self.inspector = StallInspector(self, None, None)
+        self.inspector.limit_calls(seconds, what)
+
     def fail_all(self, reason: str) -> None:
         """From any thread: every call in flight fails with ``reason`` (the stall limit)."""
         self.native.abort(reason)   # the error adds "mcallreduce: "

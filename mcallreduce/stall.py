@@ -10,8 +10,12 @@ to tell a rank that never started the call from one stuck inside MPI. Past
 as Horovod's rule is) every call in flight fails with an error instead of waiting forever. A
 peer that shuts down is noticed sooner by its goodbye (native/executor.c).
 
+A caller may also bound every call of an engine (:meth:`StallInspector.limit_calls`: a DDP
+group's ``timeout``): once a call has waited that long, every call in flight fails, as a timed-out
+collective breaks a gloo or NCCL group.
+
 The inspector is a daemon thread that sleeps between looks (it never polls MPI), started
-with the engine unless ``*_STALL_CHECK_DISABLE=1``.
+with the engine unless ``*_STALL_CHECK_DISABLE=1``, or by the first limit on calls.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import faulthandler
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from . import config
 
@@ -30,9 +34,13 @@ __all__ = ["StallInspector"]
 
 
 class StallInspector:
-    def __init__(self, engine: "Engine", warn_after: float, fail_after: Optional[float]):
+    def __init__(self, engine: "Engine", warn_after: Optional[float], fail_after: Optional[float]):
+        """``warn_after`` None: no reports (a limit on calls only)."""
         self.engine, self.warn_after, self.fail_after = engine, warn_after, fail_after
-        self._stop = threading.Event()
+        self._call_limit: Optional[Tuple[float, str]] = None   # (seconds, its name for the error)
+        self._failed_below = 0    # calls before this one were failed already: they only wait to be reported
+        self._stop = False
+        self._look = threading.Event()   # stop, or a new limit: look now
         self._warned: set = set()
         self._dumped = False      # the threads' stacks: once per process, they are long
         self._thread = threading.Thread(target=self._run, name="mcallreduce-stall", daemon=True)
@@ -52,23 +60,45 @@ class StallInspector:
             fail_after = None
         return cls(engine, warn_after, fail_after)
 
+    def limit_calls(self, seconds: float, what: str) -> None:
+        """From any thread: once a call has waited ``seconds``, every call in flight fails with an
+        error that names ``what`` (a DDP group's timeout, say)."""
+        self._call_limit = (seconds, what)
+        self._look.set()
+
     def stop(self) -> None:
-        self._stop.set()
+        self._stop = True
+        self._look.set()
+
+    def _period(self) -> float:
+        limits = [s for s in (self.warn_after, self.fail_after, self._call_limit and self._call_limit[0]) if s]
+        return min(max(0.05, min(limits) / 4), 5.0) if limits else 5.0
 
     def _run(self) -> None:
-        period = max(0.05, min(self.warn_after, self.fail_after or self.warn_after) / 4)
-        while not self._stop.wait(min(period, 5.0)):
+        while True:
+            self._look.wait(self._period())
+            self._look.clear()
+            if self._stop:
+                return
             now = time.monotonic()
-            waiting = self.engine.waiting()
+            waiting = [w for w in self.engine.waiting() if w[0] >= self._failed_below]
             for seq, since, name, nbytes in waiting:
-                if seq not in self._warned and now - since >= self.warn_after:
+                if self.warn_after is not None and seq not in self._warned and now - since >= self.warn_after:
                     self._warned.add(seq)
                     self._report(seq, now - since, name, nbytes)
-            if self.fail_after and any(now - since >= self.fail_after for _, since, _, _ in waiting):
-                self.engine.fail_all(f"the call waited longer than the stall shutdown time "
-                                     f"({self.fail_after:g} s); a rank has not started it")
+            longest = max((now - since for _, since, _, _ in waiting), default=0.0)
+            limit = self._call_limit
+            if limit is not None and longest >= limit[0]:
+                self._fail(waiting, f"the call did not finish within {limit[1]}: a rank failed, or did not call it")
+            elif self.fail_after and longest >= self.fail_after:
+                self._fail(waiting, f"the call waited longer than the stall shutdown time "
+                                    f"({self.fail_after:g} s); a rank has not started it")
             live = {seq for seq, _, _, _ in waiting}
             self._warned &= live
+
+    def _fail(self, waiting, reason: str) -> None:
+        self._failed_below = max(seq for seq, _, _, _ in waiting) + 1
+        self.engine.fail_all(reason)
 
     def _report(self, seq: int, waited: float, name: Optional[str], nbytes: int) -> None:
         what, peer = self.engine.native.waiting_on(seq)

@@ -13,9 +13,10 @@ backward goes on while the buckets travel.
 
 ``broadcast``, ``allgather`` and ``barrier`` are MPI's own, run when called, after this group's
 allreduces in flight (so a script sees its collectives in call order, as on gloo); DDP calls them
-at construction, at the bucket rebuild and for buffers, not for gradients. Past the group's
-timeout (``init_process_group(timeout=...)``) they raise RuntimeError, as gloo's do. Other
-collectives raise NotImplementedError.
+at construction, at the bucket rebuild and for buffers, not for gradients. Other collectives
+raise NotImplementedError. Past the group's timeout (``init_process_group(timeout=...)``) a
+collective raises RuntimeError, as gloo's do; an allreduce fails every allreduce in flight with
+it (the stall inspector watches them), and the group is not usable after.
 
 The group subclasses torch's public ``ProcessGroup`` and ``Work``; registering a Python
 backend is marked experimental in torch 2.13.
@@ -137,7 +138,7 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
     def __init__(self, rank: int, size: int, comm: Any = None, progress_thread: Optional[bool] = None,
                  timeout: Optional[datetime.timedelta] = None):
         super().__init__(rank, size)
-        # init_process_group(timeout=...): how long broadcast, allgather and barrier wait, as on gloo
+        # init_process_group(timeout=...): how long any of its collectives waits, as on gloo
         self._timeout = timeout if timeout is not None and timeout.total_seconds() > 0 else None
         self._abandoned: List[Any] = []   # side collectives that timed out, still posted
         from mpi4py import MPI
@@ -156,6 +157,8 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         self._threaded = context.engine.threaded
         self._in_flight = InFlight()
         self._context = context
+        if self._timeout is not None:   # its allreduces too, as gloo's and NCCL's watchdog bound theirs
+            context.engine.limit_calls(self._timeout.total_seconds(), f"the process group's timeout ({self._timeout})")
 
     def shutdown(self) -> None:
         """destroy_process_group(): the group's engine stops (its threads end; the peers get its goodbye)."""

@@ -7,7 +7,9 @@
   strided one), as gloo writes them.
 * A sparse tensor is refused with a TypeError that says so.
 * A barrier that a rank reaches after the group's timeout raises RuntimeError on the ranks that
-  waited, instead of waiting for ever.
+  waited, instead of waiting for ever; so does an all_reduce (last: the group is not usable after
+  it). The late rank's all_reduce may finish (what it needs may have arrived before its peers gave
+  up) or raise, but not wait for ever.
 * Torch ranks that are a permutation of MPI's raise on every rank, the rank whose two ranks
   happen to agree included (it used to wait alone in the collective that follows).
 
@@ -94,6 +96,23 @@ try:
     problems.append(f"rank {rank}: reversed torch ranks passed the check")
 except RuntimeError:
     pass
+
+# an all_reduce that the last rank reaches after the timeout: the others raise; none waits for ever
+comm.Barrier()
+late = rank == size - 1
+if late:
+    time.sleep(TIMEOUT_S + 2)
+started = time.monotonic()
+try:
+    dist.all_reduce(torch.ones(1000))
+    if not late:
+        problems.append(f"rank {rank}: an all_reduce past the group's timeout returned")
+except RuntimeError as exc:
+    waited = time.monotonic() - started
+    if "timeout" not in str(exc) or not (0 if late else TIMEOUT_S) <= waited < TIMEOUT_S + 3:
+        problems.append(f"rank {rank}: all_reduce raised after {waited:.1f} s: {exc}")
+if late and time.monotonic() - started >= TIMEOUT_S + 3:
+    problems.append(f"rank {rank}: the late all_reduce took {time.monotonic() - started:.1f} s")
 
 dist.destroy_process_group()
 problems = [p for ps in comm.allgather(problems) for p in ps]
