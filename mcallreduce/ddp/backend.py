@@ -46,7 +46,19 @@ _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "average", dist.ReduceOp.MI
         dist.ReduceOp.MAX: "max", dist.ReduceOp.PRODUCT: "product"}
 _IMPLEMENTED = "allreduce, broadcast, allgather and barrier"
 _TIMED_WAIT_NAP_S = 0.0005   # between tests of a wait with a timeout: the engine's own waits sleep too
-_SIDE_YIELDS = 1000          # tests of a broadcast, allgather or barrier before it naps between them
+_TIMED_WAIT_YIELDS = 1000    # tests before it naps between them (most collectives finish in microseconds)
+
+
+def _wait_until(test: Callable[[], bool], seconds: Optional[float], on_timeout: Callable[[], BaseException]) -> None:
+    """Test until ``test()`` is true; past ``seconds`` (None: no limit) raise ``on_timeout()``.
+    Yields the core between tests at first, then naps."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    tests = 0
+    while not test():
+        if deadline is not None and time.monotonic() >= deadline:
+            raise on_timeout()
+        tests += 1
+        time.sleep(0 if tests < _TIMED_WAIT_YIELDS else _TIMED_WAIT_NAP_S)
 
 
 class _Work(dist.Work):
@@ -65,13 +77,9 @@ class _Work(dist.Work):
         """Wait for the collective; past ``timeout`` (none or zero: no limit, as torch's) raise
         RuntimeError, as gloo does. The collective stays in flight; a later wait finishes it."""
         seconds = timeout.total_seconds() if timeout is not None else 0.0
-        if self._handle is not None and seconds > 0:
-            deadline = time.monotonic() + seconds
-            while not self._handle.test():   # each test progresses it when no thread does
-                if time.monotonic() >= deadline:
-                    raise RuntimeError(f"mcallreduce: the collective did not finish within {timeout} "
-                                       "(Work.wait timeout); it is still in flight")
-                time.sleep(_TIMED_WAIT_NAP_S)
+        if self._handle is not None and seconds > 0:   # each test progresses it when no thread does
+            _wait_until(self._handle.test, seconds, lambda: RuntimeError(
+                f"mcallreduce: the collective did not finish within {timeout} (Work.wait timeout); it is still in flight"))
         elif self._handle is not None:
             self._handle.wait()
         self._future.wait()   # the callback that completes it may still be running
@@ -238,15 +246,11 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         """Wait for a broadcast, allgather or barrier; past the group's timeout raise RuntimeError,
         as gloo does, where a rank that failed or never calls it would leave this one waiting for ever
         (the request stays posted: the group is not usable after)."""
-        deadline = None if self._timeout is None else time.monotonic() + self._timeout.total_seconds()
-        tests = 0
-        while not request.Test():
-            if deadline is not None and time.monotonic() >= deadline:
-                self._abandoned.append(request)   # it holds its buffer, which MPI may still write
-                raise RuntimeError(f"mcallreduce backend: {collective} did not finish within {self._timeout} "
-                                   "(the process group's timeout): a rank failed, or did not call it")
-            tests += 1   # yield at first (most finish in microseconds), then nap as a timed Work.wait does
-            time.sleep(0 if tests < _SIDE_YIELDS else _TIMED_WAIT_NAP_S)
+        def timed_out() -> BaseException:
+            self._abandoned.append(request)   # it holds its buffer, which MPI may still write
+            return RuntimeError(f"mcallreduce backend: {collective} did not finish within {self._timeout} "
+                                "(the process group's timeout): a rank failed, or did not call it")
+        _wait_until(request.Test, None if self._timeout is None else self._timeout.total_seconds(), timed_out)
 
     def _finish_at_end_of_backward(self) -> None:
         """Queue the callback that finishes the allreduces in flight when this backward ends (it runs
