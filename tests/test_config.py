@@ -306,6 +306,36 @@ def test_a_stall_shutdown_time_below_the_check_time_never_fails_a_call_as_in_hor
     assert capsys.readouterr().err.count("calls will not fail on a stall, as in Horovod") == 1
 
 
+def test_a_limit_on_calls_fails_them_once_and_only_calls_past_it():
+    # a DDP group's timeout: the stall check is off here, so the limit alone starts the watcher
+    import time
+    from types import SimpleNamespace
+    from mcallreduce.stall import StallInspector
+    now = time.monotonic()
+    calls = [(1, now - 5.0, None, 8), (2, now, None, 8)]   # (seq, since, name, bytes): #1 waited 5 s
+    failed = []
+    engine = SimpleNamespace(ctx=SimpleNamespace(rank=0), waiting=lambda: list(calls), fail_all=failed.append)
+    inspector = StallInspector(engine, None, None)
+    try:
+        time.sleep(0.3)
+        assert failed == []                                # no limit yet
+        inspector.limit_calls(2.0, "the process group's timeout (0:00:02)")
+        deadline = time.monotonic() + 5
+        while not failed and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert failed == ["the call did not finish within the process group's timeout (0:00:02): "
+                          "a rank failed, or did not call it"]
+        time.sleep(0.8)
+        assert len(failed) == 1                            # the failed calls only wait to be reported
+        calls.append((3, time.monotonic() - 3.0, None, 8))   # a later call past the limit fails anew
+        deadline = time.monotonic() + 5
+        while len(failed) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(failed) == 2
+    finally:
+        inspector.stop()
+
+
 def test_a_calls_options_are_checked_as_the_variables_are():
     # colors=0 once counted as auto yet as a knob set (the one-host stage off), a negative segment as 1 element
     base = Config()
