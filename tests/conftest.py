@@ -20,3 +20,24 @@ def pytest_collection_finish(session):
         raise RuntimeError("a test module imported mpi4py.MPI into the pytest process (directly or through "
                            "mcallreduce.runtime/engine); MPI jobs started from it would break. Import only "
                            "MPI-free modules in tests and run MPI code under mpirun (tests/_mpi.py).")
+
+
+# CI (CI=true, a fresh machine) installs everything the tests need but a GPU, so any other skip
+# there is an install step missing, which a skip would hide: the run fails and names it.
+GPU_ABSENT = ("no CUDA device", "CuPy is not installed")
+_unexpected_skips = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and os.environ.get("CI") == "true":
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if not any(absent in reason for absent in GPU_ABSENT):
+            _unexpected_skips.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _unexpected_skips:
+        lines = "\n".join(_unexpected_skips)
+        sys.stderr.write(f"\nCI=true: {len(_unexpected_skips)} test(s) skipped for a reason other than a "
+                         f"missing GPU (an install step is missing?):\n{lines}\n")
+        session.exitstatus = 1
