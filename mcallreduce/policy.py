@@ -58,6 +58,10 @@ DOUBLING_PAIR_BYTES = 256 << 10
 # hosts keeps doubling up to PAIR_HALVING_ABOVE_BYTES, where halving's second round starts to pay.
 HALVING_BETWEEN_BYTES = (DOUBLING_BYTES, FUSED_MAX_BYTES)
 PAIR_HALVING_ABOVE_BYTES = 64 << 10
+# A rank count that is not a power of two folds its extra ranks in and out of halving, which sends
+# their whole buffers over one link twice more; from this size the ring was as fast on 3 hosts at
+# 10 Gbit/s and took 0.52-0.61 of halving's time at 200 Mbit/s (docs/defaults-hosts.md, "Three hosts").
+FOLDED_RING_FROM_BYTES = 128 << 10
 
 
 def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
@@ -174,6 +178,8 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     halving_above = PAIR_HALVING_ABOVE_BYTES if nranks == 2 else HALVING_BETWEEN_BYTES[0]
     if (config.algorithm == "multicolor" and knobs_unset and hit is None and len(hosts) > 1
             and halving_above < nbytes <= HALVING_BETWEEN_BYTES[1]):
+        if nranks & (nranks - 1) and nbytes >= FOLDED_RING_FROM_BYTES:
+            return resolve(config.with_overrides(algorithm="ring"), nbytes, itemsize, hosts)
         return "halving", Params(segment=0, depth=config.depth)
     if config.algorithm == "multicolor" and knobs_unset and hit is None and latency_bound(nbytes, nranks):
         return "doubling", Params(segment=0, depth=config.depth)

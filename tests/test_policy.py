@@ -43,16 +43,20 @@ def test_a_measured_table_decides_the_algorithm_per_size(tmp_path):
     assert resolve(config, 64 << 10, 4, flat4) == resolve(Config(tuning_file="none"), 64 << 10, 4, flat4)
 
 
-def test_the_rules_give_medium_calls_across_hosts_to_halving_fused_with_its_check():
+def test_the_rules_give_medium_calls_across_hosts_to_halving_fused_with_its_check_or_to_the_ring_where_it_folds():
     from mcallreduce.policy import FUSED_MAX_BYTES, fused_with_check
     rules = Config(tuning_file="none")
     flat4, pair, one_host = [[0], [1], [2], [3]], [[0], [1]], [[0, 1, 2, 3]]
-    layouts = (flat4, [[0, 1], [2, 3]], [[0, 1], [2, 3], [4, 5], [6, 7]], [[0, 1], [2]])
+    layouts = (flat4, [[0, 1], [2, 3]], [[0, 1], [2, 3], [4, 5], [6, 7]], [[0, 1], [2]], [[0], [1], [2]])
     for nbytes in ((16 << 10) + 4, 64 << 10, 128 << 10, FUSED_MAX_BYTES):
         for hosts in layouts:   # more than two ranks on more than one host, float16 too
+            folds = len(sum(hosts, [])) not in (4, 8)   # not a power of two: the ring from 128 KiB
             for mpi_type in (True, False):
                 algorithm, params = resolve(rules, nbytes, 4, hosts, mpi_type=mpi_type)
-                assert algorithm == "halving" and fused_with_check(algorithm, nbytes), (nbytes, hosts, algorithm)
+                if folds and nbytes >= 128 << 10:
+                    assert algorithm == "ring" and params == resolve(Config(algorithm="ring"), nbytes, 4, hosts)[1]
+                else:
+                    assert algorithm == "halving" and fused_with_check(algorithm, nbytes), (nbytes, hosts, algorithm)
         # two ranks: one exchange up to 64 KiB, then halving's two; on one host, the stages
         assert resolve(rules, nbytes, 4, pair)[0] == ("doubling" if nbytes <= 64 << 10 else "halving")
         assert resolve(rules, nbytes, 4, one_host)[0] == "multicolor"
