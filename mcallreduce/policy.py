@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import Mapping, Optional, Sequence, Tuple
 
 from .algorithms import Params
+from .algorithms.doubling import fold
 from .cgroups import usable_cores
 from .config import ALGORITHMS, MPI_ALGORITHMS, ROUTES, Config, ConfigError, progress_thread_setting
 from .tuning import BUILTIN_TABLE, check_file, has_nonblocking_rows, lookup
 
 __all__ = ["ALGORITHMS", "ROUTES", "FUSED_MAX_BYTES", "fused_with_check", "resolve", "measured_nonblocking",
-           "table_problem", "default_colors", "latency_bound", "progress_thread"]
+           "table_problem", "default_colors", "latency_bound", "fold_crosses_hosts", "progress_thread"]
 
 #: a ``doubling`` or ``halving`` call up to this size travels with its metadata check
 #: (native/check.c): its data is reduced along the check's own exchanges, one latency for both
@@ -58,10 +59,18 @@ DOUBLING_PAIR_BYTES = 256 << 10
 # hosts keeps doubling up to PAIR_HALVING_ABOVE_BYTES, where halving's second round starts to pay.
 HALVING_BETWEEN_BYTES = (DOUBLING_BYTES, FUSED_MAX_BYTES)
 PAIR_HALVING_ABOVE_BYTES = 64 << 10
-# A rank count that is not a power of two folds its extra ranks in and out of halving, which sends
-# their whole buffers over one link twice more; from this size the ring was as fast on 3 hosts at
-# 10 Gbit/s and took 0.52-0.61 of halving's time at 200 Mbit/s (docs/defaults-hosts.md, "Three hosts").
+# A rank count that is not a power of two folds its extra ranks in and out of halving; where a
+# folding pair sits on two hosts, its whole buffer crosses their link twice more, and from this size
+# the ring was about as fast on 3 and 5 hosts at 10 Gbit/s and took 0.52-0.70 of halving's time at
+# 200 Mbit/s (docs/defaults-hosts.md, "Three hosts: the rules against a measured table").
 FOLDED_RING_FROM_BYTES = 128 << 10
+
+
+def fold_crosses_hosts(hosts: Sequence[Sequence[int]]) -> bool:
+    """Whether doubling's and halving's fold (algorithms/doubling.py) hands a buffer between hosts."""
+    ranks, _, rem, _ = fold(hosts)
+    host_of = {rank: i for i, host in enumerate(hosts) for rank in host}
+    return any(host_of[ranks[2 * i]] != host_of[ranks[2 * i + 1]] for i in range(rem))
 
 
 def default_colors(nbytes: int, nhosts: int, max_local: int) -> int:
@@ -178,7 +187,7 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     halving_above = PAIR_HALVING_ABOVE_BYTES if nranks == 2 else HALVING_BETWEEN_BYTES[0]
     if (config.algorithm == "multicolor" and knobs_unset and hit is None and len(hosts) > 1
             and halving_above < nbytes <= HALVING_BETWEEN_BYTES[1]):
-        if nranks & (nranks - 1) and nbytes >= FOLDED_RING_FROM_BYTES:
+        if nbytes >= FOLDED_RING_FROM_BYTES and fold_crosses_hosts(hosts):
             return resolve(config.with_overrides(algorithm="ring"), nbytes, itemsize, hosts)
         return "halving", Params(segment=0, depth=config.depth)
     if config.algorithm == "multicolor" and knobs_unset and hit is None and latency_bound(nbytes, nranks):

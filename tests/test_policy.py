@@ -47,10 +47,13 @@ def test_the_rules_give_medium_calls_across_hosts_to_halving_fused_with_its_chec
     from mcallreduce.policy import FUSED_MAX_BYTES, fused_with_check
     rules = Config(tuning_file="none")
     flat4, pair, one_host = [[0], [1], [2], [3]], [[0], [1]], [[0, 1, 2, 3]]
-    layouts = (flat4, [[0, 1], [2, 3]], [[0, 1], [2, 3], [4, 5], [6, 7]], [[0, 1], [2]], [[0], [1], [2]])
+    crossing = ([[0], [1], [2]], [[0], [1], [2], [3], [4]], [[0], [1, 2]])
+    layouts = (flat4, [[0, 1], [2, 3]], [[0, 1], [2, 3], [4, 5], [6, 7]], [[0, 1], [2]], [[0, 1], [2, 3], [4, 5]],
+               *crossing)
     for nbytes in ((16 << 10) + 4, 64 << 10, 128 << 10, FUSED_MAX_BYTES):
         for hosts in layouts:   # more than two ranks on more than one host, float16 too
-            folds = len(sum(hosts, [])) not in (4, 8)   # not a power of two: the ring from 128 KiB
+            # the ring from 128 KiB where the fold crosses hosts (0 and 1 on two hosts), not where it stays on one
+            folds = hosts in crossing
             for mpi_type in (True, False):
                 algorithm, params = resolve(rules, nbytes, 4, hosts, mpi_type=mpi_type)
                 if folds and nbytes >= 128 << 10:
