@@ -323,16 +323,20 @@ class Engine:
         return out
 
     def limit_calls(self, seconds: float, what: str) -> None:
-        """Every call in flight fails once one has waited ``seconds`` (``what``: the limit's name in
-        the error), even where the stall check is off: a DDP group's timeout."""
+        """Every call in flight fails once one has waited ``seconds`` since it was submitted (``what``:
+        the limit's name in the error), even where the stall check is off: a DDP group's timeout."""
+        if not seconds > 0:
+            raise ValueError(f"mcallreduce: a limit on calls must be positive, not {seconds!r}")
         if self.inspector is None:
             self.inspector = StallInspector(self, None, None)
         self.inspector.limit_calls(seconds, what)
 
-    def fail_all(self, reason: str) -> None:
-        """From any thread: every call in flight fails with ``reason`` (the stall limit)."""
-        self.native.abort(reason)   # the error adds "mcallreduce: "
+    def fail_all(self, reason: str) -> int:
+        """From any thread: every call in flight fails with ``reason`` (the stall limit). Returns the
+        first sequence number it spares (the calls submitted after it)."""
+        spared = self.native.abort(reason)   # the error adds "mcallreduce: "
         self.native.wake()
+        return spared
 
     def close(self) -> None:
         """At exit or hvd.shutdown(), on every rank: stop the thread, tell the peers this rank

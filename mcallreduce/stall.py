@@ -86,19 +86,19 @@ class StallInspector:
                 if self.warn_after is not None and seq not in self._warned and now - since >= self.warn_after:
                     self._warned.add(seq)
                     self._report(seq, now - since, name, nbytes)
-            longest = max((now - since for _, since, _, _ in waiting), default=0.0)
+            longest = max((now - since for _, since, _, _ in waiting), default=None)
             limit = self._call_limit
-            if limit is not None and longest >= limit[0]:
-                self._fail(waiting, f"the call did not finish within {limit[1]}: a rank failed, or did not call it")
-            elif self.fail_after and longest >= self.fail_after:
-                self._fail(waiting, f"the call waited longer than the stall shutdown time "
-                                    f"({self.fail_after:g} s); a rank has not started it")
+            if longest is not None and limit is not None and longest >= limit[0]:
+                self._fail(f"the call did not finish within {limit[1]}: a rank failed, or did not call it")
+            elif longest is not None and self.fail_after and longest >= self.fail_after:
+                self._fail(f"the call waited longer than the stall shutdown time "
+                           f"({self.fail_after:g} s); a rank has not started it")
             live = {seq for seq, _, _, _ in waiting}
             self._warned &= live
 
-    def _fail(self, waiting, reason: str) -> None:
-        self._failed_below = max(seq for seq, _, _, _ in waiting) + 1
-        self.engine.fail_all(reason)
+    def _fail(self, reason: str) -> None:
+        # the calls it failed only wait to be reported: the next looks pass over them
+        self._failed_below = self.engine.fail_all(reason)
 
     def _report(self, seq: int, waited: float, name: Optional[str], nbytes: int) -> None:
         what, peer = self.engine.native.waiting_on(seq)

@@ -314,11 +314,18 @@ def test_a_limit_on_calls_fails_them_once_and_only_calls_past_it():
     now = time.monotonic()
     calls = [(1, now - 5.0, None, 8), (2, now, None, 8)]   # (seq, since, name, bytes): #1 waited 5 s
     failed = []
-    engine = SimpleNamespace(ctx=SimpleNamespace(rank=0), waiting=lambda: list(calls), fail_all=failed.append)
+
+    def fail_all(reason):   # as the engine's: every call submitted so far fails, the later ones are spared
+        failed.append(reason)
+        return max(seq for seq, _, _, _ in calls) + 1
+    engine = SimpleNamespace(ctx=SimpleNamespace(rank=0), waiting=lambda: list(calls), fail_all=fail_all)
     inspector = StallInspector(engine, None, None)
     try:
         time.sleep(0.3)
         assert failed == []                                # no limit yet
+        inspector.limit_calls(10.0, "a limit no call has reached")
+        time.sleep(0.3)
+        assert failed == []                                # calls under the limit are left alone
         inspector.limit_calls(2.0, "the process group's timeout (0:00:02)")
         deadline = time.monotonic() + 5
         while not failed and time.monotonic() < deadline:

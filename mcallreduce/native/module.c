@@ -298,15 +298,16 @@ static PyObject *Engine_waited(EngineObject *self, PyObject *noargs) {
     return Py_BuildValue("(Ldn)", r->seq, r->t_start, r->view.len);
 }
 
-/* abort(reason): from any thread, fail every call submitted so far that has not finished (the
-   stall limit), not a later one; a blocked progress() is woken to do it. */
+/* abort(reason) -> the first seq it spares: from any thread, fail every call submitted so far that has
+   not finished (the stall limit), not a later one; a blocked progress() is woken to do it. */
 static PyObject *Engine_abort(EngineObject *self, PyObject *args) {
     const char *reason;
     if (!PyArg_ParseTuple(args, "s", &reason)) return NULL;
     snprintf(self->abort_reason, sizeof self->abort_reason, "%s", reason);
-    /* after the reason (which the executor reads once it sees this); calls are submitted with the GIL held */
-    __atomic_store_n(&self->abort_before, self->next_seq, __ATOMIC_RELEASE);
-    Py_RETURN_NONE;
+    long long before = self->next_seq;   /* calls are submitted with the GIL held, which this holds */
+    /* after the reason (which the executor reads once it sees this) */
+    __atomic_store_n(&self->abort_before, before, __ATOMIC_RELEASE);
+    return PyLong_FromLongLong(before);
 }
 
 static PyMethodDef Engine_methods[] = {
@@ -326,7 +327,7 @@ static PyMethodDef Engine_methods[] = {
     {"waiting_on", (PyCFunction)Engine_waiting_on, METH_VARARGS, "waiting_on(seq) -> (what, peer)"},
     {"activity", (PyCFunction)Engine_activity, METH_NOARGS, "activity() -> (mpi_call or None, wakes_sending, requests)"},
     {"waited", (PyCFunction)Engine_waited, METH_NOARGS, "waited() -> (seq, started, bytes) or None"},
-    {"abort", (PyCFunction)Engine_abort, METH_VARARGS, "abort(reason): fail every call in flight (then wake())"},
+    {"abort", (PyCFunction)Engine_abort, METH_VARARGS, "abort(reason) -> the first seq it spares: fail every call in flight (then wake())"},
     {NULL}
 };
 

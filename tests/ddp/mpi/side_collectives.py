@@ -100,8 +100,8 @@ except RuntimeError:
 # an all_reduce that the last rank reaches after the timeout: the others raise; none waits for ever
 comm.Barrier()
 late = rank == size - 1
-if late:
-    time.sleep(TIMEOUT_S + 2)
+if late:   # past the timeout and the inspector's next look (a quarter of it), with room for a busy machine
+    time.sleep(TIMEOUT_S + 5)
 started = time.monotonic()
 try:
     dist.all_reduce(torch.ones(1000))
@@ -109,9 +109,9 @@ try:
         problems.append(f"rank {rank}: an all_reduce past the group's timeout returned")
 except RuntimeError as exc:
     waited = time.monotonic() - started
-    if "timeout" not in str(exc) or not (0 if late else TIMEOUT_S) <= waited < TIMEOUT_S + 3:
+    if "timeout" not in str(exc) or not (0 if late else TIMEOUT_S) <= waited < TIMEOUT_S + 4:
         problems.append(f"rank {rank}: all_reduce raised after {waited:.1f} s: {exc}")
-if late and time.monotonic() - started >= TIMEOUT_S + 3:
+if late and time.monotonic() - started >= TIMEOUT_S + 4:
     problems.append(f"rank {rank}: the late all_reduce took {time.monotonic() - started:.1f} s")
 
 dist.destroy_process_group()
