@@ -243,6 +243,13 @@ def env_text(environ: Optional[Mapping[str, str]], name: str) -> str:
     return (os.environ if environ is None else environ).get(name, "").strip()
 
 
+def horovod_integer(environ: Optional[Mapping[str, str]], name: str) -> Optional[int]:
+    """One of Horovod's own integer variables as Horovod reads it: None when unset, else C's strtol
+    of its text (set but empty, or with no leading digits, is 0)."""
+    value = (os.environ if environ is None else environ).get(name)
+    return None if value is None else leading_integer(value)
+
+
 def read_ranks_per_host(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
     """MCALLREDUCE_RANKS_PER_HOST: consecutive ranks per emulated host, None for the real hosts."""
     return parse_integer("MCALLREDUCE_RANKS_PER_HOST", env_text(environ, "MCALLREDUCE_RANKS_PER_HOST"), 1)
@@ -275,10 +282,8 @@ def bucket_bytes(environ: Optional[Mapping[str, str]] = None) -> int:
     HOROVOD_FUSION_THRESHOLD (bytes; 0, no fusion: every gradient its own bucket), else 25M."""
     value = env_text(environ, BUCKET_VARIABLE)
     if not value:
-        fusion = env_text(environ, FUSION_VARIABLE)
-        if not fusion:
-            return DEFAULT_BUCKET_BYTES
-        return max(1, leading_integer(fusion))   # as Horovod reads it
+        fusion = horovod_integer(environ, FUSION_VARIABLE)
+        return DEFAULT_BUCKET_BYTES if fusion is None else max(1, fusion)
     size = parse_size(value, BUCKET_VARIABLE)
     if size <= 0:
         raise ConfigError(f"{BUCKET_VARIABLE}={value!r}: expected a size > 0 such as 4M or 262144")
@@ -299,7 +304,7 @@ def gradient_as_bucket_view(environ: Optional[Mapping[str, str]] = None) -> bool
 
 def horovod_mpi_threads_disabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     """HOROVOD_MPI_THREADS_DISABLE as Horovod reads it (strtol > 0): MPI starts without thread support."""
-    return leading_integer(env_text(environ, "HOROVOD_MPI_THREADS_DISABLE")) > 0
+    return (horovod_integer(environ, "HOROVOD_MPI_THREADS_DISABLE") or 0) > 0
 
 
 def timeline_file(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
@@ -320,8 +325,8 @@ def _seconds(environ: Optional[Mapping[str, str]], suffix: str) -> Optional[floa
     ours = env_text(environ, "MCALLREDUCE_" + suffix)
     if ours:
         return parse_seconds("MCALLREDUCE_" + suffix, ours)
-    theirs = env_text(environ, "HOROVOD_" + suffix)
-    return float(max(0, leading_integer(theirs))) if theirs else None
+    theirs = horovod_integer(environ, "HOROVOD_" + suffix)
+    return None if theirs is None else float(max(0, theirs))
 
 
 def stall_check_seconds(environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
@@ -331,7 +336,7 @@ def stall_check_seconds(environ: Optional[Mapping[str, str]] = None) -> Optional
     if ours:
         disabled = parse_switch("MCALLREDUCE_STALL_CHECK_DISABLE", ours, auto=False)
     else:   # Horovod disables its check for any value whose leading integer is above 0
-        disabled = leading_integer(env_text(environ, "HOROVOD_STALL_CHECK_DISABLE")) > 0
+        disabled = (horovod_integer(environ, "HOROVOD_STALL_CHECK_DISABLE") or 0) > 0
     if disabled:
         return None
     seconds = _seconds(environ, "STALL_CHECK_TIME_SECONDS")
@@ -348,7 +353,7 @@ def stall_shutdown_seconds(environ: Optional[Mapping[str, str]] = None) -> Optio
 def stall_shutdown_is_horovods(environ: Optional[Mapping[str, str]] = None) -> bool:
     """Whether the stall shutdown time comes from HOROVOD_STALL_SHUTDOWN_TIME_SECONDS."""
     return (not env_text(environ, "MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS")
-            and bool(env_text(environ, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")))
+            and horovod_integer(environ, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS") is not None)
 
 
 def __getattr__(name: str):

@@ -223,7 +223,7 @@ def test_horovod_and_data_variables():
     assert c.bucket_bytes({"HOROVOD_FUSION_THRESHOLD": "67108864"}) == 64 << 20      # Horovod's knob
     assert c.bucket_bytes({"HOROVOD_FUSION_THRESHOLD": "0"}) == 1                    # no fusion
     # read as Horovod reads it (strtol: the leading integer), where hvd.init() once raised on what stock takes
-    assert [c.bucket_bytes({"HOROVOD_FUSION_THRESHOLD": v}) for v in ("64MB", "1e6", "-1", "x")] == [64, 1, 1, 1]
+    assert [c.bucket_bytes({"HOROVOD_FUSION_THRESHOLD": v}) for v in ("64MB", "1e6", "-1", "x", "")] == [64, 1, 1, 1, 1]
     assert [c.horovod_mpi_threads_disabled({"HOROVOD_MPI_THREADS_DISABLE": v}) for v in ("1", "+1", "0", "x")] \
         == [True, True, False, False]
     assert c.timeline_file({"HOROVOD_TIMELINE": "DYNAMIC"}) is None   # Horovod's "hvd.start_timeline() decides"
@@ -238,7 +238,7 @@ def test_horovod_and_data_variables():
     # where hvd.init() once raised on what stock takes, or read "true" as off where stock keeps it on
     assert [c.stall_check_seconds({"HOROVOD_STALL_CHECK_DISABLE": v}) for v in ("2", "+1", "true", "0")] \
         == [None, None, 60, 60]
-    assert [c.stall_check_seconds({"HOROVOD_STALL_CHECK_TIME_SECONDS": v}) for v in ("60s", "-1", "x")] == [60, 0, 0]
+    assert [c.stall_check_seconds({"HOROVOD_STALL_CHECK_TIME_SECONDS": v}) for v in ("60s", "-1", "x", "")] == [60, 0, 0, 0]
     assert c.stall_shutdown_seconds({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "90sec"}) == 90
     # the MCALLREDUCE_ variable decides where it is set, also to turn the check back on
     assert c.stall_check_seconds({"MCALLREDUCE_STALL_CHECK_DISABLE": "0", "HOROVOD_STALL_CHECK_DISABLE": "1"}) == 60
