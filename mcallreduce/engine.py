@@ -42,7 +42,7 @@ from .policy import FUSED_MAX_BYTES
 from .stall import StallInspector
 
 if TYPE_CHECKING:
-    from .runtime import Context
+    from .context import Context
 
 __all__ = ["TAG_SPAN", "MAX_SCHEDULE_TAGS", "PROGRESS_THREAD_NAME", "PROGRESS_THREAD_OS_NAME", "Handle", "Engine"]
 
@@ -151,7 +151,7 @@ class _Call:
 
 
 class Engine:
-    """Every allreduce in flight on one :class:`~mcallreduce.runtime.Context`."""
+    """Every allreduce in flight on one :class:`~mcallreduce.context.Context`."""
 
     def __init__(self, ctx: "Context"):
         self.ctx = ctx

@@ -21,7 +21,7 @@ waiting until it next calls MPI (with DDP on gloo in between: never).
 
 The executor timestamps each color's phases with the color and phase columns, for the timeline.
 
-Plans lower once and keep the result (mcallreduce/runtime.py), as they keep the schedule.
+Plans lower once and keep the result (mcallreduce/plan.py), as they keep the schedule.
 """
 from __future__ import annotations
 

@@ -256,7 +256,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     mpit.prepare()  # before MPI_Init: the mpi-ring arm, and multicolor's own choice of Open MPI's ring
     from mpi4py import MPI
 
-    from ..runtime import Context
+    from ..context import Context
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()

@@ -119,7 +119,7 @@ def _planned(ctx, base, name: str, size: int, nonblocking: bool) -> Dict:
 def measure(sizes: Sequence[int], seconds: float, min_iters: int, passes: int = 3,
             margin: float = DEFAULT_MARGIN, nonblocking: bool = False) -> List[Dict]:
     from mpi4py import MPI
-    from ..runtime import Context
+    from ..context import Context
     from .. import config
     comm = MPI.COMM_WORLD
     ctx = Context.get(comm)
@@ -159,7 +159,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .. import config
     config.reload()
     from mpi4py import MPI
-    from ..runtime import Context
+    from ..context import Context
     hosts = Context.get(MPI.COMM_WORLD).hosts
     kinds = [k for k in ns.calls.split(",") if k]
     if not kinds or set(kinds) - set(SECTIONS):
