@@ -15,7 +15,7 @@ from mpi4py import MPI
 from . import hostlayout, mpit
 from . import config as _config
 from .config import MPI_ALGORITHMS, Config, ConfigError
-from .engine import TAG_SPAN, Engine
+from .engine import TAG_SPAN, Engine, call_weakly
 from .memory import SharedWindow
 from .plan import Plan
 from .policy import table_problem
@@ -55,7 +55,9 @@ class Context:
         self.windows = max(1, (tag_ub + 1) // TAG_SPAN)   # allreduces in flight at most
         self.engine = Engine(self)
         self.closed = False
-        atexit.register(self.close)   # before the window is freed and MPI finalized
+        # before the window is freed and MPI finalized; weakly, so a released context is collected
+        self._close_at_exit = call_weakly(self.close)
+        atexit.register(self._close_at_exit)
         if self.shared is not None:
             self.engine.set_window(self.shared.win, self.shared.address, self.shared.slot_bytes,
                                    self.shared.small_bytes)
@@ -95,6 +97,7 @@ class Context:
     def _forget(cls, key: int, ctx: "Context") -> None:
         if cls._cache.get(key) is ctx:
             del cls._cache[key]
+        ctx.release()   # MPI_Comm_free is collective: every rank of the group is here
 
     def plan(self, config: Config, nelem: int, dtype: np.dtype, op: str, pre: float, post: float,
              nonblocking: bool = False) -> "Plan":
@@ -137,6 +140,20 @@ class Context:
         for key in [k for k, ctx in Context._cache.items() if ctx is self]:
             del Context._cache[key]
         self.engine.close()
+
+    def release(self) -> None:
+        """Close, then let go of what the context holds (collective: DDP's destroy_process_group,
+        hvd.shutdown() and freeing the user's communicator call it on every rank): the window,
+        the plans, and the engine's buffers once no handle refers to it. Its duplicates of the
+        communicator stay allocated and idle: a message still in flight on one (a goodbye, a
+        failed call's) must not reach a later communicator that MPI gives the same context id."""
+        self.close()
+        self.release_shared()
+        self._plans.clear()
+        self.calls.clear()
+        self._bases.clear()
+        atexit.unregister(self._close_at_exit)
+        self.engine.release()
 
     def release_shared(self) -> None:
         """Free the shared-memory window now (collective; after :meth:`close`)."""

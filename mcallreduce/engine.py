@@ -32,6 +32,7 @@ import ctypes
 import logging
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -54,6 +55,18 @@ EARLY_TAG = MAX_SCHEDULE_TAGS                     # a schedule's messages sent b
 ONE_PIECE = 1 << 30   # a check message's piece size that never splits it
 PROGRESS_THREAD_NAME = "mcallreduce-progress"
 PROGRESS_THREAD_OS_NAME = "mcallreduce"   # what top -H, ps -L and /proc show (Linux keeps 15 bytes)
+
+
+def call_weakly(method: Callable[[], None]) -> Callable[[], None]:
+    """``method``, called through a weak reference to its object: an exit hook that keeps
+    nothing alive (it does nothing once the object is gone)."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+    return call
 
 
 def _name_os_thread(name: str) -> None:
@@ -176,6 +189,7 @@ class Engine:
         self.native.enable_goodbye(self._bye_comm.py2f())
         self.inspector = StallInspector.start(self)
         self._closed = False
+        self._stop_at_exit: Optional[Callable[[], None]] = None
 
     def set_window(self, win, address: int, slot_bytes: int, small_bytes: int) -> None:
         """Use (or, with ``win`` None, stop using) a shared-memory window for the one-host stages:
@@ -298,7 +312,9 @@ class Engine:
                 self._stop = False
                 self._thread = threading.Thread(target=self._run, name=PROGRESS_THREAD_NAME, daemon=True)
                 self._thread.start()
-            atexit.register(self.stop_thread)
+            if self._stop_at_exit is None:
+                self._stop_at_exit = call_weakly(self.stop_thread)
+                atexit.register(self._stop_at_exit)
 
     def stop_thread(self) -> None:
         with self._thread_lock:
@@ -354,6 +370,13 @@ class Engine:
             if self.calls:   # their peers fail them now (the goodbye): so do they here, at their next wait
                 self.native.abort("this rank closed its allreduce context (at exit or hvd.shutdown()) with "
                                   "the call in flight")
+
+    def release(self) -> None:
+        """After :meth:`close`: drop the exit hook, so nothing but handles keeps the engine (its
+        executor then frees its buffers, but for those MPI may still write to)."""
+        if self._stop_at_exit is not None:
+            atexit.unregister(self._stop_at_exit)
+            self._stop_at_exit = None
 
     def _wake(self) -> None:
         self._kick.set()

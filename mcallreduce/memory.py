@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import atexit
 import sys
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -94,9 +94,17 @@ class SharedWindow:
         """Not freed at exit (collective) but by MPI_Finalize, for a rank that may leave alone:
         its peers meet it there, whatever they are doing until they exit."""
         atexit.unregister(self.free)
+        _LEFT_TO_FINALIZE.append(self)   # its context may be collected before then
 
     def free(self) -> None:
+        """Free the window now (collective); a window left to MPI_Finalize stays."""
+        if self in _LEFT_TO_FINALIZE:
+            return
+        atexit.unregister(self.free)
         if self.win is not None and not MPI.Is_finalized():
             self.win.Unlock_all()
             self.win.Free()
         self.win = None
+
+
+_LEFT_TO_FINALIZE: List[SharedWindow] = []

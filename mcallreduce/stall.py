@@ -67,8 +67,11 @@ class StallInspector:
         self._look.set()
 
     def stop(self) -> None:
+        """End the thread (and so its hold on the engine) before returning."""
         self._stop = True
         self._look.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
 
     def _period(self) -> float:
         limits = [s for s in (self.warn_after, self.fail_after, self._call_limit and self._call_limit[0]) if s]

@@ -146,7 +146,8 @@ def test_without_the_thread_starting_a_call_advances_the_calls_in_flight():
     passed(mpi_script(2, "submit_progresses.py", timeout=120))
 
 
-@pytest.mark.parametrize("case", ["freed_communicator", "foreign_byte_order", "raising_callback caller",
+@pytest.mark.parametrize("case", ["freed_communicator", "freed_communicators_release_their_contexts",
+                                  "foreign_byte_order", "raising_callback caller",
                                   "raising_callback thread", "option_on_one_rank", "every_tag_window_in_flight",
                                   "closed_with_a_call_in_flight", "abort_while_idle",
                                   "progress_thread_started_under_calls", "stall_report_to_a_stderr_without_a_file",

@@ -172,12 +172,10 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
         """destroy_process_group(): the group's engine stops (its threads end; the peers get its goodbye)."""
         try:
             self._finish_allreduces()
-            self._context.close()   # first: its progress thread holds the engine while it runs
-            self._context.release_shared()   # collective, as destroy_process_group is: the window's memory
         finally:
-            self._context.close()
+            self._context.release()   # collective, as destroy_process_group is: the window, the engine
             self._side.Free()
-            self._comm.Free()   # drops its context from the cache (the context keeps duplicates of its own)
+            self._comm.Free()
 
     def getBackendName(self) -> str:   # noqa: N802  (torch's name)
         return BACKEND

@@ -65,6 +65,7 @@ class _Completer:
                 try:
                     fn()
                 finally:
+                    fn = None   # an idle thread keeps no call's handle (nor, through it, its engine)
                     self._cond.acquire()
                     self._idle += 1
 

@@ -168,10 +168,11 @@ def _stop_progress() -> None:
     if state.mpi_outlives_horovod:
         if ctx.shared is not None:
             ctx.shared.leave_to_finalize()
+        ctx.release()   # no collective left in it: the window stays for MPI_Finalize
         return
     # before the barrier: MPI_Finalize frees a window still open with a barrier that a rank
     # which already exited never joins
-    ctx.release_shared()   # collective: every rank is here
+    ctx.release()   # collective: every rank is here (the window, the engine)
     # Not an MPI barrier of ours: a rank could still be returning from it when a faster peer's
     # shutdown makes this rank's Horovod thread finalize MPI (a segfault at exit).
     sys.modules["horovod.torch"].barrier()

@@ -83,8 +83,16 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
 }
 
 static void Engine_dealloc(EngineObject *self) {
-    for (int i = 0; i < self->nruns; i++) free_run(self->runs[i]);
-    while (self->graveyard) { run_t *r = self->graveyard; self->graveyard = r->grave; free_run(r); }
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    if (!finalized) {   /* a context whose start failed: its standing receives write into this object */
+        if (self->bye_on) cancel_standing(self, OWNER_GOODBYE);
+        if (self->wake_on) { wake(self); cancel_standing(self, OWNER_WAKE); }
+    }
+    /* a run with requests still posted keeps its buffers (and the caller's) for the process's life:
+       MPI may still write to them */
+    for (int i = 0; i < self->nruns; i++) if (!self->runs[i]->inflight) free_run(self->runs[i]);
+    while (self->graveyard) { run_t *r = self->graveyard; self->graveyard = r->grave; if (!r->inflight) free_run(r); }
     for (int i = 0; i < POOL_SLOTS; i++) free(self->pool[i]);
     free(self->reqs); free(self->owner_run); free(self->owner_step); free(self->index); free(self->statuses);
     free(self->runs); free(self->discard);

@@ -6,6 +6,7 @@ with the right sum or the same error, instead of a wrong result or a wait that n
 CASE is one of the functions below. A call that has not returned within 10 s fails the job.
 Exit status 0 when the case held on every rank.
 """
+import gc
 import io
 import logging
 import sys
@@ -176,6 +177,32 @@ def stall_report_to_a_stderr_without_a_file():
         assert isinstance(error, RuntimeError) and "stall shutdown time" in str(error), error
     else:
         time.sleep(4)   # never starts the call
+
+
+def freed_communicators_release_their_contexts():
+    # a job that makes and frees communicators (process sets, groups) keeps no engine, thread,
+    # window or scratch buffer per freed one; freeing is collective, so the release may be too
+    def live():
+        gc.collect()
+        return sum(type(o) is Context for o in gc.get_objects())
+
+    def windows():
+        with open("/proc/self/maps") as maps:
+            return sum("/osc_sm." in line for line in maps)
+    before, threads, mapped = live(), threading.active_count(), windows()
+    for k in range(6):
+        sub = world.Dup()
+        if k % 2:
+            start_progress_thread(sub)
+        x = np.ones(1 << 14, np.float32)
+        mcallreduce.allreduce(x, comm=sub)
+        handle = mcallreduce.allreduce_async(x, comm=sub, algorithm="ring")
+        assert np.all(handle.wait() == size * size), x[:4]
+        del handle
+        sub.Free()
+    assert live() == before, f"{live() - before} contexts of freed communicators are alive"
+    assert threading.active_count() == threads, [t.name for t in threading.enumerate()]
+    assert windows() == mapped, f"{windows() - mapped} shared-memory windows of freed communicators are mapped"
 
 
 def after_finalize():

@@ -10,13 +10,14 @@ with gloo's answer or a clear error, on every rank.
 * int8, uint8 and bool ``all_reduce`` with every op, as gloo's (integers wrap, a bool's sum is or);
   non-contiguous tensors to ``broadcast`` and ``allgather``.
 * ``all_gather_into_tensor`` is refused, naming itself.
-* ``destroy_process_group()`` frees the group's shared-memory window (24 MiB of /dev/shm at 2 ranks):
-  init and destroy in a loop leave none behind.
+* ``destroy_process_group()`` frees the group's shared-memory window (24 MiB of /dev/shm at 2 ranks)
+  and lets its engine go: init and destroy in a loop leave neither behind.
 
     python -m mcallreduce.launch -np N -- python call_forms.py     (MCALLREDUCE_PROGRESS_THREAD=0)
 
 The exit status is the result.
 """
+import gc
 import sys
 import time
 
@@ -27,6 +28,7 @@ from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mcallreduce.ddp
+from mcallreduce.context import Context
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -41,6 +43,11 @@ class TwoDtypes(nn.Module):
 
     def forward(self, x):
         return self.b(self.a(x).double())
+
+
+def live_contexts() -> int:
+    gc.collect()
+    return sum(type(o) is Context for o in gc.get_objects())
 
 
 def windows() -> int:
@@ -124,9 +131,11 @@ except NotImplementedError as exc:
 
 dist.destroy_process_group()
 before = windows()   # the hook's context over COMM_WORLD keeps its window until exit
+contexts = live_contexts()
 for _ in range(2):
     mcallreduce.ddp.init_process_group("mcallreduce")
     dist.all_reduce(torch.ones(1 << 16))
     dist.destroy_process_group()
     assert windows() == before, f"{windows() - before} shared-memory windows left after destroy_process_group()"
+    assert live_contexts() == contexts, "a destroyed group's engine stayed (its buffers and threads with it)"
 print(f"rank {rank}: every call form ended", flush=True)
