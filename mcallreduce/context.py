@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import logging
 import os
 import sys
 import threading
@@ -97,7 +98,10 @@ class Context:
     def _forget(cls, key: int, ctx: "Context") -> None:
         if cls._cache.get(key) is ctx:
             del cls._cache[key]
-        ctx.release()   # MPI_Comm_free is collective: every rank of the group is here
+        try:
+            ctx.release()   # MPI_Comm_free is collective: every rank of the group is here
+        except Exception:   # noqa: BLE001  (MPI's callback has no way to raise it)
+            logging.getLogger("mcallreduce").exception("mcallreduce: releasing a freed communicator's context")
 
     def plan(self, config: Config, nelem: int, dtype: np.dtype, op: str, pre: float, post: float,
              nonblocking: bool = False) -> "Plan":
@@ -148,12 +152,14 @@ class Context:
         communicator stay allocated and idle: a message still in flight on one (a goodbye, a
         failed call's) must not reach a later communicator that MPI gives the same context id."""
         self.close()
-        self.release_shared()
-        self._plans.clear()
-        self.calls.clear()
-        self._bases.clear()
-        atexit.unregister(self._close_at_exit)
-        self.engine.release()
+        try:
+            self.release_shared()
+        finally:
+            self._plans.clear()
+            self.calls.clear()
+            self._bases.clear()
+            atexit.unregister(self._close_at_exit)
+            self.engine.release()
 
     def release_shared(self) -> None:
         """Free the shared-memory window now (collective; after :meth:`close`)."""

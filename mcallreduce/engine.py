@@ -367,9 +367,10 @@ class Engine:
         with self.lock:
             self.native.goodbye()
             self.native.disable_wake()
-            if self.calls:   # their peers fail them now (the goodbye): so do they here, at their next wait
+            if self.calls:   # their peers fail them now (the goodbye), and so do they here: nothing stays posted
                 self.native.abort("this rank closed its allreduce context (at exit or hvd.shutdown()) with "
                                   "the call in flight")
+                self._report(self.native.progress(False, -1))
 
     def release(self) -> None:
         """After :meth:`close`: drop the exit hook, so nothing but handles keeps the engine (its

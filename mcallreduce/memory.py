@@ -61,8 +61,8 @@ class SharedWindow:
     """The MPI shared-memory window of a single-host communicator: p slots and a result area,
     then 2p small slots for the stage's one-sync calls (native/shared_stage.c).
 
-    Created collectively with the library's duplicate of the communicator, kept for the
-    life of the process, freed at exit (before mpi4py finalizes MPI). The window is
+    Created collectively with the library's duplicate of the communicator, freed when its
+    context is released (collective) or at exit (before mpi4py finalizes MPI). The window is
     locked once for passive-target access, so the executor's MPI_Win_sync can order this
     rank's loads and stores against the messages that tell peers a slot is ready.
     """

@@ -18,7 +18,7 @@ for _name, _value in JOB_DEFAULTS.items():
 def pytest_collection_finish(session):
     if "mpi4py.MPI" in sys.modules:
         raise RuntimeError("a test module imported mpi4py.MPI into the pytest process (directly or through "
-                           "mcallreduce.runtime/engine); MPI jobs started from it would break. Import only "
+                           "mcallreduce.runtime, context or engine); MPI jobs started from it would break. Import only "
                            "MPI-free modules in tests and run MPI code under mpirun (tests/_mpi.py).")
 
 

@@ -174,6 +174,7 @@ class ProcessGroupMulticolor(dist.ProcessGroup):
             self._finish_allreduces()
         finally:
             self._context.release()   # collective, as destroy_process_group is: the window, the engine
+            self._context = None        # a model kept after destroy_process_group keeps its group, not the engine
             self._side.Free()
             self._comm.Free()
 

@@ -83,19 +83,29 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kw) {
 }
 
 static void Engine_dealloc(EngineObject *self) {
-    int finalized = 1;
+    int finalized = 1, level = MPI_THREAD_SINGLE;
     MPI_Finalized(&finalized);
-    if (!finalized) {   /* a context whose start failed: its standing receives write into this object */
+    if (!finalized) MPI_Query_thread(&level);
+    if (self->bye_on || self->wake_on) {   /* a context whose start failed: receives into this object */
+        if (finalized || level < MPI_THREAD_MULTIPLE) return;   /* not cancellable from this thread: kept */
         if (self->bye_on) cancel_standing(self, OWNER_GOODBYE);
         if (self->wake_on) { wake(self); cancel_standing(self, OWNER_WAKE); }
     }
-    /* a run with requests still posted keeps its buffers (and the caller's) for the process's life:
-       MPI may still write to them */
-    for (int i = 0; i < self->nruns; i++) if (!self->runs[i]->inflight) free_run(self->runs[i]);
-    while (self->graveyard) { run_t *r = self->graveyard; self->graveyard = r->grave; if (!r->inflight) free_run(r); }
+    /* a run with requests still posted keeps its buffers (the caller's too, and the shared discard
+       area its drained messages land in) for the process's life: MPI may still write to them */
+    int kept = 0;
+    for (int i = 0; i < self->nruns; i++) {
+        if (self->runs[i]->inflight) kept = 1; else free_run(self->runs[i]);
+    }
+    while (self->graveyard) {
+        run_t *r = self->graveyard;
+        self->graveyard = r->grave;
+        if (r->inflight) kept = 1; else free_run(r);
+    }
     for (int i = 0; i < POOL_SLOTS; i++) free(self->pool[i]);
     free(self->reqs); free(self->owner_run); free(self->owner_step); free(self->index); free(self->statuses);
-    free(self->runs); free(self->discard);
+    free(self->runs);
+    if (!kept) free(self->discard);
     pthread_mutex_destroy(&self->wake_lock);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }

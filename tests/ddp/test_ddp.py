@@ -120,6 +120,12 @@ def test_without_the_thread_every_call_form_ends_with_glooish_answers(np_):
     assert "every call form ended" in job(np_, "call_forms.py", env=env, timeout=120)
 
 
+def test_with_the_thread_every_call_form_ends_and_a_destroyed_group_lets_its_engine_go():
+    # the thread's completer once kept the last call's handle, and through it the group's engine
+    env = {"MCALLREDUCE_PROGRESS_THREAD": "1", "MCALLREDUCE_STALL_SHUTDOWN_TIME_SECONDS": "30"}
+    assert "every call form ended" in job(2, "call_forms.py", env=env, timeout=120)
+
+
 def test_a_torch_without_the_autograd_node_query_says_the_overlap_is_lost(monkeypatch):
     import warnings
     from mcallreduce.ddp import futures
