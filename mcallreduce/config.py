@@ -18,6 +18,7 @@ emulated cluster's own two, for its tools, are in docs/cluster.md).
 | MCALLREDUCE_RANKS_PER_HOST   | auto, or an integer >= 1       | auto       |
 | MCALLREDUCE_TUNING_FILE      | a tuning table (JSON), none    | built-in   |
 | MCALLREDUCE_POLL_US          | microseconds a wait polls      | 1000       |
+| MCALLREDUCE_FAST_LINKS       | auto, 1, 0                     | auto       |
 
 The Horovod plugin's (functions at the end of this module, read when asked: the startup hook's
 .pth file decides from ``MCALLREDUCE_HOROVOD`` and ``MCALLREDUCE_ALGORITHM`` before anything heavy
@@ -133,6 +134,7 @@ class Config:
     single_copy_bytes: int = SINGLE_COPY_BYTES
     one_sync_bytes: int = ONE_SYNC_BYTES
     poll_us: int = POLL_US
+    fast_links: Optional[bool] = None   # None: measured once per communicator
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
@@ -170,6 +172,7 @@ class Config:
             one_sync_bytes=parse_size_up_to("MCALLREDUCE_ONE_SYNC_BYTES", get("ONE_SYNC_BYTES"), ONE_SYNC_BYTES,
                                             64 << 20),
             poll_us=POLL_US if get("POLL_US") is None else integer("POLL_US", 0, auto=False),
+            fast_links=boolean("FAST_LINKS", auto=True),
         )
 
     def with_overrides(self, **kwargs) -> "Config":

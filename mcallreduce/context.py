@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 import numpy as np
 from mpi4py import MPI
 
-from . import hostlayout, mpit
+from . import hostlayout, linkprobe, mpit
 from . import config as _config
 from .config import MPI_ALGORITHMS, Config, ConfigError
 from .engine import TAG_SPAN, Engine, call_weakly
@@ -48,6 +48,7 @@ class Context:
         self.size = comm.Get_size()
         self.config = config     # the environment when the context was made
         self.hosts = hostlayout.hosts(comm, config.ranks_per_host)
+        self.fast_links = linkprobe.fast_links(self.comm, self.hosts, config.fast_links)
         # one host: multicolor's local stages through shared memory (native/shared_stage.c)
         self.shared = (SharedWindow.create(self.comm, config.shm_bytes, config.one_sync_bytes)
                        if len(self.hosts) == 1 else None)

@@ -43,7 +43,7 @@ class Plan:
         self.algorithm, self.params = resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, slot,
                                               mpi_type=mpi_type, single_copy_ok=direct,
                                               mpi_ring=ctx.coll_ring is not None, small_slot=small,
-                                              nonblocking=nonblocking)
+                                              nonblocking=nonblocking, fast_links=ctx.fast_links)
         self.schedule: Optional[Schedule] = None
         self.program = None
         if self.params.one_sync:
@@ -66,8 +66,8 @@ class Plan:
             if config.algorithm not in MPI_ALGORITHMS and not (nonblocking and measured_nonblocking(config, ctx.hosts)):
                 # a blocking table's pick, run where every rank can wait for it alone; elsewhere the row's
                 # "instead" (or the rules') runs: the table did not time MPI_Iallreduce (docs/algorithms.md, "mpi")
-                self._lower(ctx, *resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, mpi_type=False),
-                            nelem, dtype)
+                self._lower(ctx, *resolve(config, nelem * dtype.itemsize, dtype.itemsize, ctx.hosts, mpi_type=False,
+                                          fast_links=ctx.fast_links), nelem, dtype)
         else:
             self.kind = _executor.KIND_SCHEDULE
             self._lower(ctx, self.algorithm, self.params, nelem, dtype)

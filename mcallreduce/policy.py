@@ -64,6 +64,13 @@ PAIR_HALVING_ABOVE_BYTES = 64 << 10
 # the ring was about as fast on 3 and 5 hosts at 10 Gbit/s and took 0.52-0.70 of halving's time at
 # 200 Mbit/s (docs/defaults-hosts.md, "Three hosts: the rules against a measured table").
 FOLDED_RING_FROM_BYTES = 128 << 10
+# Eager-sized segments (inter_host_segment) keep a slow link busy from the first bytes; on a fast
+# link their per-message CPU is what costs, and from FAST_LINK_LARGE_BYTES 256 KiB segments were
+# faster on 2, 3 and 4 hosts at 10 Gbit/s (docs/defaults-hosts.md, "Fast links: larger segments
+# for large calls"). A link is fast from FAST_LINK_BYTES_PER_S one way (linkprobe.py measures it).
+FAST_LINK_BYTES_PER_S = 250e6      # 2 Gbit/s
+FAST_LINK_LARGE_BYTES = 16 << 20
+FAST_LINK_SEGMENT_BYTES = 256 << 10
 
 
 def fold_crosses_hosts(hosts: Sequence[Sequence[int]]) -> bool:
@@ -148,7 +155,7 @@ def _mpi_arm(algorithm: str, mpi_ring: bool) -> str:
 def resolve(config: Config, nbytes: int, itemsize: int,
             hosts: Sequence[Sequence[int]], shared_slot: int = 0, mpi_type: bool = True,
             single_copy_ok: bool = False, mpi_ring: bool = False, small_slot: int = 0,
-            nonblocking: bool = False) -> Tuple[str, Params]:
+            nonblocking: bool = False, fast_links: bool = False) -> Tuple[str, Params]:
     """Concrete algorithm and schedule parameters for one message of ``nbytes``.
 
     ``shared_slot``: bytes per slot of the caller's shared-memory window (0: none).
@@ -163,6 +170,7 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     ``small_slot``: bytes of the window's small slots; up to ``config.one_sync_bytes`` and
     that size, the one-host stage synchronises once.
     ``nonblocking``: the call is ``allreduce_async``'s, which a table's nonblocking rows decide.
+    ``fast_links``: the links between hosts run at FAST_LINK_BYTES_PER_S or more.
     """
     if config.algorithm in MPI_ALGORITHMS:
         return _mpi_arm(config.algorithm, mpi_ring), Params(depth=config.depth)
@@ -188,7 +196,7 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     if (config.algorithm == "multicolor" and knobs_unset and hit is None and len(hosts) > 1
             and halving_above < nbytes <= HALVING_BETWEEN_BYTES[1]):
         if nbytes >= FOLDED_RING_FROM_BYTES and fold_crosses_hosts(hosts):
-            return resolve(config.with_overrides(algorithm="ring"), nbytes, itemsize, hosts)
+            return resolve(config.with_overrides(algorithm="ring"), nbytes, itemsize, hosts, fast_links=fast_links)
         return "halving", Params(segment=0, depth=config.depth)
     if config.algorithm == "multicolor" and knobs_unset and hit is None and latency_bound(nbytes, nranks):
         return "doubling", Params(segment=0, depth=config.depth)
@@ -210,6 +218,8 @@ def resolve(config: Config, nbytes: int, itemsize: int,
         segment = max(1, config.segment_bytes // itemsize) if config.segment_bytes else 0
     elif tuned:
         segment = tuned.segment
+    elif len(hosts) > 1 and fast_links and nbytes >= FAST_LINK_LARGE_BYTES:
+        segment = FAST_LINK_SEGMENT_BYTES // itemsize
     elif len(hosts) > 1 and nbytes // _slices(config, colors, hosts) > config.inter_host_segment:
         segment = config.inter_host_segment // itemsize
     elif nbytes // _slices(config, colors, hosts) >= PIPELINE_MIN_SEGMENTS * SEGMENT_BYTES:

@@ -287,6 +287,13 @@ def test_poll_time_is_microseconds_from_zero():
             Config.from_env({"MCALLREDUCE_POLL_US": bad})
 
 
+def test_fast_links_are_measured_unless_the_user_says():
+    assert [Config.from_env({"MCALLREDUCE_FAST_LINKS": v}).fast_links for v in ("auto", "1", "0", "")] == \
+        [None, True, False, None]
+    with pytest.raises(ConfigError, match="MCALLREDUCE_FAST_LINKS"):
+        Config.from_env({"MCALLREDUCE_FAST_LINKS": "fast"})
+
+
 def test_a_stall_shutdown_time_below_the_check_time_never_fails_a_call_as_in_horovod(monkeypatch, capsys):
     # Horovod warns and never shuts down; calls here once failed before any stall was reported
     from types import SimpleNamespace

@@ -68,6 +68,26 @@ def test_the_rules_give_medium_calls_across_hosts_to_halving_fused_with_its_chec
     assert resolve(rules, FUSED_MAX_BYTES + 4, 4, flat4)[0] == "multicolor"
 
 
+def test_on_fast_links_the_rules_give_large_calls_across_hosts_longer_segments():
+    from mcallreduce.policy import FAST_LINK_LARGE_BYTES, FAST_LINK_SEGMENT_BYTES
+    rules = Config(tuning_file="none")
+    eager = rules.inter_host_segment
+    for hosts in ([[0], [1]], [[0], [1], [2]], [[0], [1], [2], [3]], [[0, 1], [2, 3], [4, 5], [6, 7]]):
+        for nbytes, itemsize in ((FAST_LINK_LARGE_BYTES, 4), (32 << 20, 4), (64 << 20, 2)):
+            slow = resolve(rules, nbytes, itemsize, hosts)
+            fast = resolve(rules, nbytes, itemsize, hosts, fast_links=True)
+            assert slow[1].segment * itemsize == eager - eager % itemsize, (hosts, nbytes, slow)
+            assert fast[1].segment * itemsize == FAST_LINK_SEGMENT_BYTES, (hosts, nbytes, fast)
+            assert fast[0] == slow[0] and fast[1].colors == slow[1].colors and fast[1].route == slow[1].route
+        below = FAST_LINK_LARGE_BYTES - 4   # smaller calls keep the eager segments
+        assert resolve(rules, below, 4, hosts, fast_links=True) == resolve(rules, below, 4, hosts)
+    # one host has no links; a measured table and the user's own segment size decide for themselves
+    one_host = [[0, 1, 2, 3]]
+    assert resolve(rules, 32 << 20, 4, one_host, fast_links=True) == resolve(rules, 32 << 20, 4, one_host)
+    mine = Config(tuning_file="none", segment_bytes=1 << 20)
+    assert resolve(mine, 32 << 20, 4, [[0], [1]], fast_links=True)[1].segment == (1 << 20) // 4
+
+
 def test_a_table_row_naming_open_mpis_ring_runs_it_where_it_exists(tmp_path):
     rows = [{"size_bytes": 64 << 10, "algorithm": "doubling"},
             {"size_bytes": 32 << 20, "algorithm": "mpi-ring"}]

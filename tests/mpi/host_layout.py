@@ -1,5 +1,6 @@
 """Emulated hosts (MCALLREDUCE_RANKS_PER_HOST) group the job's ranks, also seen from a communicator
-whose ranks run in another order: 3 ranks, 2 per host.
+whose ranks run in another order: 3 ranks, 2 per host. Every rank learns the same speed of
+the "links" between them, and the same decision, unless MCALLREDUCE_FAST_LINKS says.
 
     python -m mcallreduce.launch -np 3 -x MCALLREDUCE_RANKS_PER_HOST=2 -- python tests/mpi/host_layout.py
 
@@ -9,7 +10,8 @@ import numpy as np
 from mpi4py import MPI
 
 import mcallreduce
-from mcallreduce import hostlayout
+from mcallreduce import hostlayout, linkprobe
+from mcallreduce.context import Context
 from mcallreduce.config import read_ranks_per_host
 
 world = MPI.COMM_WORLD
@@ -21,5 +23,10 @@ assert hostlayout.hosts(reverse, 2) == [[0], [1, 2]], hostlayout.hosts(reverse, 
 x = np.full(5, float(world.Get_rank() + 1))
 mcallreduce.allreduce(x, comm=reverse)
 assert (x == 6.0).all(), x
+speeds = world.allgather(linkprobe.one_way_bytes_per_s(reverse, hostlayout.hosts(reverse, 2)))
+assert len(set(speeds)) == 1 and speeds[0] > 0, speeds
+assert len(set(world.allgather(Context.get(reverse).fast_links))) == 1   # a busy CPU may make them look slow
+assert linkprobe.fast_links(reverse, [[0, 1, 2]], None) is False   # one host: no links
+assert linkprobe.fast_links(reverse, hostlayout.hosts(reverse, 2), False) is False
 reverse.Free()
 print(f"rank {world.Get_rank()}: layout right", flush=True)
