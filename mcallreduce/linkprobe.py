@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .errors import ConfigError
 from .policy import FAST_LINK_BYTES_PER_S
 
 __all__ = ["PROBE_BYTES", "one_way_bytes_per_s", "fast_links"]
@@ -43,9 +44,15 @@ def one_way_bytes_per_s(comm, hosts: Sequence[Sequence[int]]) -> float:
 
 
 def fast_links(comm, hosts: Sequence[Sequence[int]], setting: Optional[bool]) -> bool:
-    """``setting`` (MCALLREDUCE_FAST_LINKS) where the user gave one, else measured (collective)."""
+    """``setting`` (MCALLREDUCE_FAST_LINKS) where the user gave one, else measured. Collective: a
+    setting that differs across ranks raises on every rank (some would probe, the others not)."""
     if len(hosts) < 2:
         return False
+    settings = comm.allgather(setting)
+    if len(set(settings)) > 1:
+        named = {None: "auto", True: "1", False: "0"}
+        raise ConfigError("mcallreduce: MCALLREDUCE_FAST_LINKS differs across ranks: " +
+                          ", ".join(f"rank {r}: {named[v]}" for r, v in enumerate(settings[:8])))
     if setting is not None:
         return setting
     return one_way_bytes_per_s(comm, hosts) >= FAST_LINK_BYTES_PER_S

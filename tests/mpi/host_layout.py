@@ -1,16 +1,20 @@
 """Emulated hosts (MCALLREDUCE_RANKS_PER_HOST) group the job's ranks, also seen from a communicator
 whose ranks run in another order: 3 ranks, 2 per host. Every rank learns the same speed of
-the "links" between them, and the same decision, unless MCALLREDUCE_FAST_LINKS says.
+the "links" between them, and the same decision, unless MCALLREDUCE_FAST_LINKS says; a setting
+that differs across ranks raises on every rank.
 
     python -m mcallreduce.launch -np 3 -x MCALLREDUCE_RANKS_PER_HOST=2 -- python tests/mpi/host_layout.py
 
 Exit status 0 when every rank saw the layout, and the allreduce's sum, right.
 """
+import os
+import sys
+
 import numpy as np
 from mpi4py import MPI
 
 import mcallreduce
-from mcallreduce import hostlayout, linkprobe
+from mcallreduce import config, hostlayout, linkprobe
 from mcallreduce.context import Context
 from mcallreduce.config import read_ranks_per_host
 
@@ -29,4 +33,12 @@ assert len(set(world.allgather(Context.get(reverse).fast_links))) == 1   # a bus
 assert linkprobe.fast_links(reverse, [[0, 1, 2]], None) is False   # one host: no links
 assert linkprobe.fast_links(reverse, hostlayout.hosts(reverse, 2), False) is False
 reverse.Free()
+# some ranks would probe and the others not: every rank raises instead of waiting for the probe
+os.environ["MCALLREDUCE_FAST_LINKS"] = "auto" if world.Get_rank() == 0 else "1"
+config.reload()
+try:
+    mcallreduce.allreduce(np.ones(4), comm=world.Dup())
+    sys.exit(f"rank {world.Get_rank()}: a MCALLREDUCE_FAST_LINKS that differs across ranks did not raise")
+except config.ConfigError as exc:
+    assert "MCALLREDUCE_FAST_LINKS differs across ranks: rank 0: auto, rank 1: 1" in str(exc), exc
 print(f"rank {world.Get_rank()}: layout right", flush=True)
