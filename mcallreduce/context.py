@@ -35,9 +35,13 @@ class Context:
         if comm.Is_inter():   # the schedules and MPI_Comm_split_type need one group (an intercomm crashed there)
             raise TypeError("mcallreduce: an intercommunicator has no allreduce here; Merge() it first")
         # a table that one rank cannot follow fails every rank now, not the first call on that rank alone
-        problems = [(r, p) for r, p in enumerate(comm.allgather(table_problem(config))) if p]
+        checks = comm.allgather((table_problem(config), config.fast_links))
+        problems = [(r, p) for r, (p, _) in enumerate(checks) if p]
         if problems:
             raise ConfigError("; ".join(f"rank {r}: {p}" for r, p in problems[:4]))
+        links_problem = linkprobe.setting_problem([fast for _, fast in checks])
+        if links_problem:
+            raise ConfigError(links_problem)
         self.comm = comm.Dup()   # data messages of the schedules
         self.ctl = comm.Dup()    # metadata checks, posted in call order on every rank
         self.coll = comm.Dup()   # "mpi" collectives, started in call order once checked

@@ -9,10 +9,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from . import hostlayout
 from .policy import FAST_LINK_BYTES_PER_S
 
-__all__ = ["PROBE_BYTES", "one_way_bytes_per_s", "fast_links"]
+__all__ = ["PROBE_BYTES", "one_way_bytes_per_s", "fast_links", "setting_problem"]
 
 PROBE_BYTES = 256 << 10   # above TCP's eager limit, as the large calls' segments are
 _ROUNDS = 3               # the fastest counts: the first also opens the connection
@@ -44,15 +44,29 @@ def one_way_bytes_per_s(comm, hosts: Sequence[Sequence[int]]) -> float:
 
 
 def fast_links(comm, hosts: Sequence[Sequence[int]], setting: Optional[bool]) -> bool:
-    """``setting`` (MCALLREDUCE_FAST_LINKS) where the user gave one, else measured. Collective: a
-    setting that differs across ranks raises on every rank (some would probe, the others not)."""
+    """``setting`` (MCALLREDUCE_FAST_LINKS, the same on every rank) where the user gave one, else
+    measured. Collective. Emulated hosts on one machine (MCALLREDUCE_RANKS_PER_HOST) have no
+    link between them, whatever their shared memory measures."""
     if len(hosts) < 2:
         return False
-    settings = comm.allgather(setting)
-    if len(set(settings)) > 1:
-        named = {None: "auto", True: "1", False: "0"}
-        raise ConfigError("mcallreduce: MCALLREDUCE_FAST_LINKS differs across ranks: " +
-                          ", ".join(f"rank {r}: {named[v]}" for r, v in enumerate(settings[:8])))
     if setting is not None:
         return setting
+    real = hostlayout.host_comm(comm)
+    try:
+        node_of = hostlayout.host_of_rank(comm, real)
+    finally:
+        real.Free()
+    if node_of[hosts[0][0]] == node_of[hosts[1][0]]:
+        return False
     return one_way_bytes_per_s(comm, hosts) >= FAST_LINK_BYTES_PER_S
+
+
+def setting_problem(settings: Sequence[Optional[bool]]) -> Optional[str]:
+    """Why every rank's MCALLREDUCE_FAST_LINKS (``settings``, by rank) cannot be followed: some ranks
+    would probe and the others not (None where they agree)."""
+    odd = [r for r, v in enumerate(settings) if v != settings[0]]
+    if not odd:
+        return None
+    named = {None: "auto", True: "1", False: "0"}
+    return (f"mcallreduce: MCALLREDUCE_FAST_LINKS differs across ranks: rank 0: {named[settings[0]]}, " +
+            ", ".join(f"rank {r}: {named[settings[r]]}" for r in odd[:8]))

@@ -65,10 +65,11 @@ PAIR_HALVING_ABOVE_BYTES = 64 << 10
 # 200 Mbit/s (docs/defaults-hosts.md, "Three hosts: the rules against a measured table").
 FOLDED_RING_FROM_BYTES = 128 << 10
 # Eager-sized segments (inter_host_segment) keep a slow link busy from the first bytes; on a fast
-# link their per-message CPU is what costs, and from FAST_LINK_LARGE_BYTES 256 KiB segments were
-# faster on 2, 3 and 4 hosts at 10 Gbit/s (docs/defaults-hosts.md, "Fast links: larger segments
-# for large calls"). A link is fast from FAST_LINK_BYTES_PER_S one way (linkprobe.py measures it).
-FAST_LINK_BYTES_PER_S = 250e6      # 2 Gbit/s
+# link their per-message CPU is what costs, and from FAST_LINK_LARGE_BYTES 256 KiB segments on the
+# ring route were faster on 2, 3 and 4 hosts at 10 Gbit/s (docs/defaults-hosts.md, "Fast links:
+# larger segments for large calls"). A link is fast from FAST_LINK_BYTES_PER_S one way as
+# linkprobe.py measures it, far from the 200 Mbit/s links' reading and below the 10 Gbit/s ones'.
+FAST_LINK_BYTES_PER_S = 500e6      # 4 Gbit/s
 FAST_LINK_LARGE_BYTES = 16 << 20
 FAST_LINK_SEGMENT_BYTES = 256 << 10
 
@@ -170,7 +171,7 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     ``small_slot``: bytes of the window's small slots; up to ``config.one_sync_bytes`` and
     that size, the one-host stage synchronises once.
     ``nonblocking``: the call is ``allreduce_async``'s, which a table's nonblocking rows decide.
-    ``fast_links``: the links between hosts run at FAST_LINK_BYTES_PER_S or more.
+    ``fast_links``: the links between hosts run at FAST_LINK_BYTES_PER_S or more one way.
     """
     if config.algorithm in MPI_ALGORITHMS:
         return _mpi_arm(config.algorithm, mpi_ring), Params(depth=config.depth)
@@ -218,7 +219,7 @@ def resolve(config: Config, nbytes: int, itemsize: int,
         segment = max(1, config.segment_bytes // itemsize) if config.segment_bytes else 0
     elif tuned:
         segment = tuned.segment
-    elif len(hosts) > 1 and fast_links and nbytes >= FAST_LINK_LARGE_BYTES:
+    elif len(hosts) > 1 and fast_links and route == "ring" and nbytes >= FAST_LINK_LARGE_BYTES:
         segment = FAST_LINK_SEGMENT_BYTES // itemsize
     elif len(hosts) > 1 and nbytes // _slices(config, colors, hosts) > config.inter_host_segment:
         segment = config.inter_host_segment // itemsize

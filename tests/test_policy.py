@@ -86,6 +86,10 @@ def test_on_fast_links_the_rules_give_large_calls_across_hosts_longer_segments()
     assert resolve(rules, 32 << 20, 4, one_host, fast_links=True) == resolve(rules, 32 << 20, 4, one_host)
     mine = Config(tuning_file="none", segment_bytes=1 << 20)
     assert resolve(mine, 32 << 20, 4, [[0], [1]], fast_links=True)[1].segment == (1 << 20) // 4
+    # trees carry data both ways on a connection, where eager segments avoid the clear-to-send's wait
+    # (more than 8 hosts, or the route set): unmeasured with longer segments, so they stay eager
+    for config, hosts in ((rules, [[h] for h in range(9)]), (Config(tuning_file="none", route="tree"), [[0], [1]])):
+        assert resolve(config, 32 << 20, 4, hosts, fast_links=True)[1].segment * 4 == eager - eager % 4
 
 
 def test_a_table_row_naming_open_mpis_ring_runs_it_where_it_exists(tmp_path):

@@ -37,8 +37,9 @@ def runtime_choice(algorithm: str, model: ClusterModel, nbytes: int, itemsize: i
     """What the runtime runs when asked for ``algorithm`` at this size, without ``MCALLREDUCE_*``
     overrides: multicolor may pick doubling or MPI's own allreduce (:func:`mcallreduce.policy.resolve`)."""
     from ..config import Config
-    from ..policy import resolve
-    return resolve(Config(algorithm=algorithm), nbytes, itemsize, model.layout())
+    from ..policy import FAST_LINK_BYTES_PER_S, resolve
+    return resolve(Config(algorithm=algorithm), nbytes, itemsize, model.layout(),
+                   fast_links=model.nic_Bps >= FAST_LINK_BYTES_PER_S)
 
 
 def schedule_for(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,

@@ -1,7 +1,7 @@
 """Emulated hosts (MCALLREDUCE_RANKS_PER_HOST) group the job's ranks, also seen from a communicator
 whose ranks run in another order: 3 ranks, 2 per host. Every rank learns the same speed of
-the "links" between them, and the same decision, unless MCALLREDUCE_FAST_LINKS says; a setting
-that differs across ranks raises on every rank.
+the "link" between them; there is none, so the links count as slow unless MCALLREDUCE_FAST_LINKS
+says otherwise; a setting that differs across ranks raises on every rank.
 
     python -m mcallreduce.launch -np 3 -x MCALLREDUCE_RANKS_PER_HOST=2 -- python tests/mpi/host_layout.py
 
@@ -29,7 +29,7 @@ mcallreduce.allreduce(x, comm=reverse)
 assert (x == 6.0).all(), x
 speeds = world.allgather(linkprobe.one_way_bytes_per_s(reverse, hostlayout.hosts(reverse, 2)))
 assert len(set(speeds)) == 1 and speeds[0] > 0, speeds
-assert len(set(world.allgather(Context.get(reverse).fast_links))) == 1   # a busy CPU may make them look slow
+assert Context.get(reverse).fast_links is False   # emulated hosts on one machine have no link between them
 assert linkprobe.fast_links(reverse, [[0, 1, 2]], None) is False   # one host: no links
 assert linkprobe.fast_links(reverse, hostlayout.hosts(reverse, 2), False) is False
 reverse.Free()
