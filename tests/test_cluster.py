@@ -377,6 +377,11 @@ def test_pingpong_times_a_hop_with_the_other_ranks_waiting_and_sleeping(cluster)
     assert all(1 < us < 100_000 for us in rows.values()), rows
 
 
+def netns_pids(ns: str) -> str:
+    """The processes in namespace ``ns``; a failing ``ip`` (the namespace gone) raises, not reads as none."""
+    return subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, check=True).stdout
+
+
 @needs_cluster
 def test_a_hung_job_is_killed_with_its_ranks(cluster):
     import glob
@@ -384,7 +389,7 @@ def test_a_hung_job_is_killed_with_its_ranks(cluster):
     proc = cluster.run([sys.executable, "-c", "import time; time.sleep(120)"], timeout=5)
     assert proc.returncode == -9 and "timeout" in proc.stderr
     for ns in (cluster.host_ns(0), cluster.host_ns(1)):
-        assert subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout == ""
+        assert netns_pids(ns) == ""
     # killed daemons cannot remove their session directories; every job gets a base of its
     # own, removed by the launcher (they used to pile up in /tmp/ompi.<host>.0, one per kill)
     assert set(glob.glob("/tmp/ompi.*/*")) - sessions == set()
@@ -399,13 +404,13 @@ def test_a_terminated_or_interrupted_run_takes_its_job_with_it(cluster):
                                  "os.execvp(sys.argv[1], sys.argv[1:])", *CLI, "--prefix", PREFIX, "run", "--",
                                  "sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
-        while subprocess.run(["ip", "netns", "pids", cluster.host_ns(1)], capture_output=True, text=True).stdout == "":
+        while netns_pids(cluster.host_ns(1)) == "":
             assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else how
             time.sleep(0.2)
         proc.send_signal(getattr(signal, how))
         assert proc.wait(timeout=30) in (130, 143), how
         for ns in (cluster.host_ns(0), cluster.host_ns(1), cluster.head_ns):
-            assert subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout == "", (how, ns)
+            assert netns_pids(ns) == "", (how, ns)
     assert cli("run", "--timeout", "2", "--", "sleep", "30").returncode == 137   # killed, as a shell reports it
 
 

@@ -48,7 +48,7 @@ def _probe_torch_resize():
             want = np.asarray(Image.fromarray(probe).resize((9, 7), Image.BILINEAR)).transpose(2, 0, 1)
             if got.dtype == torch.uint8 and np.abs(got[0].numpy().astype(int) - want).max() <= 1:
                 return op
-    except Exception:   # old torch, no uint8 kernel, ...: Pillow does the resize
+    except (AttributeError, TypeError, RuntimeError, NotImplementedError):   # old torch, no uint8 kernel: Pillow resizes
         pass
     return False
 
