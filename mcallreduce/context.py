@@ -34,7 +34,8 @@ class Context:
             raise ValueError("mcallreduce: comm is MPI.COMM_NULL (a rank outside a Split's or Create's group)")
         if comm.Is_inter():   # the schedules and MPI_Comm_split_type need one group (an intercomm crashed there)
             raise TypeError("mcallreduce: an intercommunicator has no allreduce here; Merge() it first")
-        # a table that one rank cannot follow fails every rank now, not the first call on that rank alone
+        # a table that one rank cannot follow, or a link setting that differs, fails every rank now,
+        # not the first call on that rank alone (or the probe, which some ranks would skip)
         checks = comm.allgather((table_problem(config), config.fast_links))
         problems = [(r, p) for r, (p, _) in enumerate(checks) if p]
         if problems:
@@ -52,7 +53,8 @@ class Context:
         self.size = comm.Get_size()
         self.config = config     # the environment when the context was made
         self.hosts = hostlayout.hosts(comm, config.ranks_per_host)
-        self.fast_links = linkprobe.fast_links(self.comm, self.hosts, config.fast_links)
+        self.fast_links = linkprobe.fast_links(self.comm, self.hosts, config.fast_links,
+                                               emulated=config.ranks_per_host is not None)
         # one host: multicolor's local stages through shared memory (native/shared_stage.c)
         self.shared = (SharedWindow.create(self.comm, config.shm_bytes, config.one_sync_bytes)
                        if len(self.hosts) == 1 else None)

@@ -43,21 +43,23 @@ def one_way_bytes_per_s(comm, hosts: Sequence[Sequence[int]]) -> float:
     return PROBE_BYTES / best
 
 
-def fast_links(comm, hosts: Sequence[Sequence[int]], setting: Optional[bool]) -> bool:
+def fast_links(comm, hosts: Sequence[Sequence[int]], setting: Optional[bool], emulated: bool = False) -> bool:
     """``setting`` (MCALLREDUCE_FAST_LINKS, the same on every rank) where the user gave one, else
-    measured. Collective. Emulated hosts on one machine (MCALLREDUCE_RANKS_PER_HOST) have no
-    link between them, whatever their shared memory measures."""
+    measured. Collective. ``emulated``: ``hosts`` were grouped by MCALLREDUCE_RANKS_PER_HOST, and
+    two of them on one machine have no link between them, whatever their shared memory measures
+    (real hosts are apart by construction)."""
     if len(hosts) < 2:
         return False
     if setting is not None:
         return setting
-    real = hostlayout.host_comm(comm)
-    try:
-        node_of = hostlayout.host_of_rank(comm, real)
-    finally:
-        real.Free()
-    if node_of[hosts[0][0]] == node_of[hosts[1][0]]:
-        return False
+    if emulated:
+        real = hostlayout.host_comm(comm)
+        try:
+            node_of = hostlayout.host_of_rank(comm, real)
+        finally:
+            real.Free()
+        if node_of[hosts[0][0]] == node_of[hosts[1][0]]:
+            return False
     return one_way_bytes_per_s(comm, hosts) >= FAST_LINK_BYTES_PER_S
 
 
