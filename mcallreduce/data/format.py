@@ -151,6 +151,10 @@ class PackReport:
     skipped: List[Tuple[str, str]] = field(default_factory=list)   # (path, reason)
 
 
+_UNGUARDED = ("mcallreduce.data pack: its worker processes died. Each one imports the main script, so a "
+              "script must call pack() under `if __name__ == \"__main__\":` (or pass workers=1)")
+
+
 def pack(src: str, dst: str, *, workers: Optional[int] = None, on_error: str = "skip",
          check: str = "decode", batch: int = 64, progress: Optional[bool] = None) -> PackReport:
     """Pack the ImageFolder tree ``src`` into the store file ``dst``, atomically.
@@ -163,6 +167,9 @@ def pack(src: str, dst: str, *, workers: Optional[int] = None, on_error: str = "
     """
     if on_error not in ("skip", "abort"):
         raise ValueError(f"on_error must be 'skip' or 'abort', got {on_error!r}")
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # a spawned worker importing an unguarded script: stop before creating a file its parent's pool would kill
+        raise RuntimeError(_UNGUARDED)
     index = scan_image_folder(src)
     workers = workers or max(1, math.ceil(usable_cores()))   # a container's or batch job's cores, not the machine's
     jobs = [(index.root, index.paths[i:i + batch], check) for i in range(0, len(index), batch)]
@@ -228,9 +235,7 @@ def _read_all(jobs: list, workers: int) -> Iterator[list]:
     try:
         yield from pool.map(_read_and_check, jobs)
     except BrokenProcessPool as exc:
-        raise RuntimeError("mcallreduce.data pack: its worker processes died. Each one imports the main "
-                           "script, so a script must call pack() under `if __name__ == \"__main__\":` "
-                           "(or pass workers=1)") from exc
+        raise RuntimeError(_UNGUARDED) from exc
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
