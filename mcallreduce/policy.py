@@ -72,6 +72,10 @@ FOLDED_RING_FROM_BYTES = 128 << 10
 FAST_LINK_BYTES_PER_S = 500e6      # 4 Gbit/s
 FAST_LINK_LARGE_BYTES = 16 << 20
 FAST_LINK_SEGMENT_BYTES = 256 << 10
+# Where Open MPI's ring exists, from 4 MiB on fast links it ran faster than those schedules after the
+# check on 2-4 hosts; with several ranks per host only below FAST_LINK_LARGE_BYTES, where the hierarchical
+# schedule's segments take over (docs/defaults-hosts.md, "Fast links: Open MPI's ring").
+FAST_LINK_MPI_RING_FROM_BYTES = 4 << 20
 
 
 def fold_crosses_hosts(hosts: Sequence[Sequence[int]]) -> bool:
@@ -171,7 +175,8 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     ``small_slot``: bytes of the window's small slots; up to ``config.one_sync_bytes`` and
     that size, the one-host stage synchronises once.
     ``nonblocking``: the call is ``allreduce_async``'s, which a table's nonblocking rows decide.
-    ``fast_links``: the links between hosts run at FAST_LINK_BYTES_PER_S or more one way.
+    ``fast_links``: the links between hosts run at FAST_LINK_BYTES_PER_S or more one way (with
+    ``mpi_ring``, large calls then run Open MPI's ring).
     """
     if config.algorithm in MPI_ALGORITHMS:
         return _mpi_arm(config.algorithm, mpi_ring), Params(depth=config.depth)
@@ -193,6 +198,10 @@ def resolve(config: Config, nbytes: int, itemsize: int,
         one_sync = 0 < config.one_sync_bytes and nbytes <= min(config.one_sync_bytes, small_slot)   # 0: off
         return "multicolor", Params(colors=nranks, hierarchical=True, depth=config.depth, shared=True,
                                     single_copy=single_copy and not one_sync, one_sync=one_sync)
+    if (config.algorithm == "multicolor" and knobs_unset and hit is None and fast_links and mpi_ring and mpi_type
+            and 1 < len(hosts) <= RING_ROUTE_MAX_HOSTS and nbytes >= FAST_LINK_MPI_RING_FROM_BYTES
+            and (max_local == 1 or nbytes < FAST_LINK_LARGE_BYTES)):
+        return "mpi-ring", Params(depth=config.depth)
     halving_above = PAIR_HALVING_ABOVE_BYTES if nranks == 2 else HALVING_BETWEEN_BYTES[0]
     if (config.algorithm == "multicolor" and knobs_unset and hit is None and len(hosts) > 1
             and halving_above < nbytes <= HALVING_BETWEEN_BYTES[1]):

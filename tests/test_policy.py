@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from mcallreduce.algorithms import Params
 from mcallreduce.config import Config, ConfigError
 from mcallreduce.policy import BUILTIN_TABLE, resolve, table_problem
 
@@ -90,6 +91,33 @@ def test_on_fast_links_the_rules_give_large_calls_across_hosts_longer_segments()
     # (more than 8 hosts, or the route set): unmeasured with longer segments, so they stay eager
     for config, hosts in ((rules, [[h] for h in range(9)]), (Config(tuning_file="none", route="tree"), [[0], [1]])):
         assert resolve(config, 32 << 20, 4, hosts, fast_links=True)[1].segment * 4 == eager - eager % 4
+
+
+def test_on_fast_links_large_calls_run_open_mpis_ring_where_it_exists():
+    from mcallreduce.policy import FAST_LINK_LARGE_BYTES, FAST_LINK_MPI_RING_FROM_BYTES as low
+    rules = Config(tuning_file="none")
+    flat = ([[0], [1]], [[0], [1], [2]], [[0], [1], [2], [3]], [[h] for h in range(8)])
+    for hosts in flat + ([[0, 1], [2, 3], [4, 5], [6, 7]],):
+        several = len(hosts[0]) > 1   # the hierarchical schedule's segments from FAST_LINK_LARGE_BYTES
+        for nbytes in (low, FAST_LINK_LARGE_BYTES - 4, FAST_LINK_LARGE_BYTES, 1 << 30):
+            ring = resolve(rules, nbytes, 4, hosts, fast_links=True, mpi_ring=True)
+            rest = resolve(rules, nbytes, 4, hosts, fast_links=True)
+            assert rest[0] == "multicolor", rest
+            assert ring == (rest if several and nbytes >= FAST_LINK_LARGE_BYTES else ("mpi-ring", Params())), \
+                (hosts, nbytes, ring)
+            # a nonblocking call too: the plan lowers its fallback (no MPI type) for when it cannot block
+            assert resolve(rules, nbytes, 4, hosts, fast_links=True, mpi_ring=True, nonblocking=True) == ring
+            # slow links, no Open MPI ring, a type MPI lacks: the rules
+            for kwargs in ({"mpi_ring": True}, {"fast_links": True, "mpi_ring": True, "mpi_type": False}):
+                assert resolve(rules, nbytes, 4, hosts, **kwargs)[0] == "multicolor", (hosts, nbytes, kwargs)
+        assert resolve(rules, low - 4, 4, hosts, fast_links=True, mpi_ring=True) == resolve(rules, low - 4, 4, hosts)
+    # one host has no links; more than 8 hosts are unmeasured; a user's knob, or another algorithm, is followed
+    for hosts in ([[0, 1, 2, 3]], [[h] for h in range(9)]):
+        assert resolve(rules, low, 4, hosts, fast_links=True, mpi_ring=True)[0] == "multicolor"
+    assert resolve(Config(tuning_file="none", segment_bytes=1 << 20), low, 4, [[0], [1], [2]],
+                   fast_links=True, mpi_ring=True)[0] == "multicolor"
+    assert resolve(Config(tuning_file="none", algorithm="ring"), low, 4, [[0], [1], [2]],
+                   fast_links=True, mpi_ring=True)[0] == "ring"
 
 
 def test_a_table_row_naming_open_mpis_ring_runs_it_where_it_exists(tmp_path):

@@ -35,10 +35,11 @@ CHECK_BYTES = VECTOR_BYTES
 
 def runtime_choice(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4) -> Tuple[str, Params]:
     """What the runtime runs when asked for ``algorithm`` at this size, without ``MCALLREDUCE_*``
-    overrides: multicolor may pick doubling or MPI's own allreduce (:func:`mcallreduce.policy.resolve`)."""
+    overrides: multicolor may pick doubling or MPI's own allreduce (:func:`mcallreduce.policy.resolve`),
+    MPI being the Open MPI the model plays, whose ring exists and serves 4- and 8-byte types."""
     from ..config import Config
     from ..policy import FAST_LINK_BYTES_PER_S, resolve
-    return resolve(Config(algorithm=algorithm), nbytes, itemsize, model.layout(),
+    return resolve(Config(algorithm=algorithm), nbytes, itemsize, model.layout(), mpi_ring=True, mpi_type=itemsize >= 4,
                    fast_links=model.nic_Bps >= FAST_LINK_BYTES_PER_S)
 
 

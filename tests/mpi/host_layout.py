@@ -29,6 +29,17 @@ mcallreduce.allreduce(x, comm=reverse)
 assert (x == 6.0).all(), x
 speeds = world.allgather(linkprobe.one_way_bytes_per_s(reverse, hostlayout.hosts(reverse, 2)))
 assert len(set(speeds)) == 1 and speeds[0] > 0, speeds
+streams = []   # the confirming stream: where the ping-pong reads confirm_from or more, host 0's first rank to host 1's
+timed = linkprobe.stream_seconds
+linkprobe.stream_seconds = lambda *args: streams.append(args[1:]) or timed(*args)
+linkprobe.one_way_bytes_per_s(reverse, hostlayout.hosts(reverse, 2))
+assert streams == [], streams
+streamed = world.allgather(linkprobe.one_way_bytes_per_s(reverse, hostlayout.hosts(reverse, 2), confirm_from=0.0))
+assert len(set(streamed)) == 1 and streamed[0] > 0, streamed
+seen = world.allgather(streams)   # world ranks 2 and 1 are reverse's 0 (host 0) and 1 (host 1)
+assert seen[0] == [] and seen[1] == seen[2] and [s[:2] for s in seen[1]] == [(0, 1)], seen
+assert linkprobe.STREAM_PIECES[0] <= seen[1][0][2] <= linkprobe.STREAM_PIECES[1], seen
+linkprobe.stream_seconds = timed
 assert Context.get(reverse).fast_links is False   # emulated hosts on one machine have no link between them
 assert linkprobe.fast_links(reverse, [[0, 1, 2]], None) is False   # one host: no links
 assert linkprobe.fast_links(reverse, hostlayout.hosts(reverse, 2), False) is False
