@@ -73,8 +73,8 @@ FAST_LINK_BYTES_PER_S = 500e6      # 4 Gbit/s
 FAST_LINK_LARGE_BYTES = 16 << 20
 FAST_LINK_SEGMENT_BYTES = 256 << 10
 # Where Open MPI's ring exists, from 4 MiB on fast links it ran faster than those schedules after the
-# check on 2-4 hosts; with several ranks per host only below FAST_LINK_LARGE_BYTES, where the hierarchical
-# schedule's segments take over (docs/defaults-hosts.md, "Fast links: Open MPI's ring").
+# check on 2-4 hosts (5-8 unmeasured); with several ranks per host only below FAST_LINK_LARGE_BYTES,
+# where the hierarchical schedule's segments take over (docs/defaults-hosts.md, "Fast links: Open MPI's ring").
 FAST_LINK_MPI_RING_FROM_BYTES = 4 << 20
 
 
@@ -198,8 +198,10 @@ def resolve(config: Config, nbytes: int, itemsize: int,
         one_sync = 0 < config.one_sync_bytes and nbytes <= min(config.one_sync_bytes, small_slot)   # 0: off
         return "multicolor", Params(colors=nranks, hierarchical=True, depth=config.depth, shared=True,
                                     single_copy=single_copy and not one_sync, one_sync=one_sync)
+    # blocking, checked calls only: MPI's blocking call runs only where every rank waits for it alone
+    # (native/executor.c), and elsewhere the rules' schedule would lose its data before the check
     if (config.algorithm == "multicolor" and knobs_unset and hit is None and fast_links and mpi_ring and mpi_type
-            and 1 < len(hosts) <= RING_ROUTE_MAX_HOSTS and nbytes >= FAST_LINK_MPI_RING_FROM_BYTES
+            and config.check and not nonblocking and 1 < len(hosts) <= RING_ROUTE_MAX_HOSTS and nbytes >= FAST_LINK_MPI_RING_FROM_BYTES
             and (max_local == 1 or nbytes < FAST_LINK_LARGE_BYTES)):
         return "mpi-ring", Params(depth=config.depth)
     halving_above = PAIR_HALVING_ABOVE_BYTES if nranks == 2 else HALVING_BETWEEN_BYTES[0]

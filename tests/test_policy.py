@@ -105,11 +105,13 @@ def test_on_fast_links_large_calls_run_open_mpis_ring_where_it_exists():
             assert rest[0] == "multicolor", rest
             assert ring == (rest if several and nbytes >= FAST_LINK_LARGE_BYTES else ("mpi-ring", Params())), \
                 (hosts, nbytes, ring)
-            # a nonblocking call too: the plan lowers its fallback (no MPI type) for when it cannot block
-            assert resolve(rules, nbytes, 4, hosts, fast_links=True, mpi_ring=True, nonblocking=True) == ring
-            # slow links, no Open MPI ring, a type MPI lacks: the rules
-            for kwargs in ({"mpi_ring": True}, {"fast_links": True, "mpi_ring": True, "mpi_type": False}):
-                assert resolve(rules, nbytes, 4, hosts, **kwargs)[0] == "multicolor", (hosts, nbytes, kwargs)
+            # slow links, no Open MPI ring, a type MPI lacks, a nonblocking call (MPI's blocking call
+            # would never run for it), no check (nor then): the rules
+            fast = {"fast_links": True, "mpi_ring": True}
+            assert resolve(rules, nbytes, 4, hosts, mpi_ring=True) == resolve(rules, nbytes, 4, hosts)
+            for config, kwargs in ((rules, {**fast, "mpi_type": False}), (rules, {**fast, "nonblocking": True}),
+                                   (Config(tuning_file="none", check=False), fast)):
+                assert resolve(config, nbytes, 4, hosts, **kwargs) == rest, (hosts, nbytes, kwargs)
         assert resolve(rules, low - 4, 4, hosts, fast_links=True, mpi_ring=True) == resolve(rules, low - 4, 4, hosts)
     # one host has no links; more than 8 hosts are unmeasured; a user's knob, or another algorithm, is followed
     for hosts in ([[0, 1, 2, 3]], [[h] for h in range(9)]):
@@ -256,6 +258,9 @@ def test_a_call_mpi_cannot_serve_takes_the_rows_fastest_other_candidate(tmp_path
     times = {"multicolor": 2.0, "multicolor-1M": 1.5, "ring": 1.6, "mpi": 1.0, "mpi-ring": 1.1}
     assert choose_ours(times, margin=0.03) == "multicolor-1M"
     assert choose_ours({**times, "multicolor": 1.52}, margin=0.03) == "multicolor"
+    # on fast links the built-in choice may have run as MPI's own call: then it is not ours
+    ran = {"multicolor": "mpi-ring", "multicolor-1M": "multicolor", "ring": "ring", "mpi": "mpi", "mpi-ring": "mpi-ring"}
+    assert choose_ours({**times, "multicolor": 1.05}, margin=0.03, ran=ran) == "multicolor-1M"
 
 
 @pytest.mark.parametrize("text, says", [('{"tables": {"1h2r": [', "not JSON"), ("[]", "not a JSON object"),

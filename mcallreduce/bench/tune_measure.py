@@ -97,13 +97,15 @@ def choose(times: Dict[str, float], margin: float) -> str:
     """The fastest candidate, unless the built-in choice is within ``margin`` of it: candidates
     that close trade places from run to run, and a table should not follow the noise."""
     best = min(times, key=times.get)
-    return "multicolor" if times["multicolor"] <= (1 + margin) * times[best] else best
+    return "multicolor" if "multicolor" in times and times["multicolor"] <= (1 + margin) * times[best] else best
 
 
-def choose_ours(times: Dict[str, float], margin: float) -> str:
+def choose_ours(times: Dict[str, float], margin: float, ran: Optional[Dict[str, str]] = None) -> str:
     """:func:`choose` among our own candidates: a row's ``instead``, for calls that MPI's
-    allreduce cannot serve (float16; nonblocking calls on blocking rows)."""
-    return choose({name: t for name, t in times.items() if name not in MPI_ALGORITHMS}, margin)
+    allreduce cannot serve (float16; nonblocking calls on blocking rows). ``ran``: the algorithm
+    each candidate ran as, where the built-in choice was MPI's own call (fast links)."""
+    ran = ran or {}
+    return choose({name: t for name, t in times.items() if ran.get(name, name) not in MPI_ALGORITHMS}, margin)
 
 
 def _planned(ctx, base, name: str, size: int, nonblocking: bool) -> Dict:
@@ -129,9 +131,11 @@ def measure(sizes: Sequence[int], seconds: float, min_iters: int, passes: int = 
         times = _time_size(comm, size, seconds, min_iters, passes, candidates(ctx.coll_ring is not None),
                            nonblocking)
         best = choose(times, margin)
-        row = {"size_bytes": size, **_planned(ctx, base, best, size, nonblocking), "measured_s": times}
+        planned = {name: _planned(ctx, base, name, size, nonblocking) for name in times}
+        row = {"size_bytes": size, **planned[best], "measured_s": times}
         if row["algorithm"] in MPI_ALGORITHMS:
-            row["instead"] = _planned(ctx, base, choose_ours(times, margin), size, nonblocking)
+            ran = {name: p["algorithm"] for name, p in planned.items()}
+            row["instead"] = planned[choose_ours(times, margin, ran)]
         rows.append(row)
         if comm.Get_rank() == 0:
             cells = "  ".join(f"{n} {t * 1e6:9.1f}" for n, t in times.items())
