@@ -15,8 +15,8 @@ import numpy as np
 from . import hostlayout
 from .policy import FAST_LINK_BYTES_PER_S
 
-__all__ = ["PROBE_BYTES", "STREAM_SECONDS", "STREAM_PIECE_BYTES", "STREAM_PIECES", "stream_seconds", "one_way_bytes_per_s",
-           "fast_links", "setting_problem"]
+__all__ = ["PROBE_BYTES", "STREAM_SECONDS", "STREAM_PIECE_BYTES", "STREAM_PIECES", "stream_seconds",
+           "one_way_bytes_per_s", "fast_links", "setting_problem"]
 
 PROBE_BYTES = 256 << 10   # above TCP's eager limit, as the large calls' segments are
 _ROUNDS = 3               # the fastest counts: the first also opens the connection

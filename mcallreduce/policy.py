@@ -201,8 +201,8 @@ def resolve(config: Config, nbytes: int, itemsize: int,
     # blocking, checked calls only: MPI's blocking call runs only where every rank waits for it alone
     # (native/executor.c), and elsewhere the rules' schedule would lose its data before the check
     if (config.algorithm == "multicolor" and knobs_unset and hit is None and fast_links and mpi_ring and mpi_type
-            and config.check and not nonblocking and 1 < len(hosts) <= RING_ROUTE_MAX_HOSTS and nbytes >= FAST_LINK_MPI_RING_FROM_BYTES
-            and (max_local == 1 or nbytes < FAST_LINK_LARGE_BYTES)):
+            and config.check and not nonblocking and 1 < len(hosts) <= RING_ROUTE_MAX_HOSTS
+            and FAST_LINK_MPI_RING_FROM_BYTES <= nbytes and (max_local == 1 or nbytes < FAST_LINK_LARGE_BYTES)):
         return "mpi-ring", Params(depth=config.depth)
     halving_above = PAIR_HALVING_ABOVE_BYTES if nranks == 2 else HALVING_BETWEEN_BYTES[0]
     if (config.algorithm == "multicolor" and knobs_unset and hit is None and len(hosts) > 1

@@ -259,7 +259,8 @@ def test_a_call_mpi_cannot_serve_takes_the_rows_fastest_other_candidate(tmp_path
     assert choose_ours(times, margin=0.03) == "multicolor-1M"
     assert choose_ours({**times, "multicolor": 1.52}, margin=0.03) == "multicolor"
     # on fast links the built-in choice may have run as MPI's own call: then it is not ours
-    ran = {"multicolor": "mpi-ring", "multicolor-1M": "multicolor", "ring": "ring", "mpi": "mpi", "mpi-ring": "mpi-ring"}
+    ran = {"multicolor": "mpi-ring", "multicolor-1M": "multicolor", "ring": "ring", "mpi": "mpi",
+           "mpi-ring": "mpi-ring"}
     assert choose_ours({**times, "multicolor": 1.05}, margin=0.03, ran=ran) == "multicolor-1M"
 
 

@@ -39,8 +39,8 @@ def runtime_choice(algorithm: str, model: ClusterModel, nbytes: int, itemsize: i
     MPI being the Open MPI the model plays, whose ring exists and serves 4- and 8-byte types."""
     from ..config import Config
     from ..policy import FAST_LINK_BYTES_PER_S, resolve
-    return resolve(Config(algorithm=algorithm), nbytes, itemsize, model.layout(), mpi_ring=True, mpi_type=itemsize >= 4,
-                   fast_links=model.nic_Bps >= FAST_LINK_BYTES_PER_S)
+    return resolve(Config(algorithm=algorithm), nbytes, itemsize, model.layout(), mpi_ring=True,
+                   mpi_type=itemsize >= 4, fast_links=model.nic_Bps >= FAST_LINK_BYTES_PER_S)
 
 
 def schedule_for(algorithm: str, model: ClusterModel, nbytes: int, itemsize: int = 4,
